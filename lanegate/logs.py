@@ -1,0 +1,38 @@
+"""structlog JSON logging shared by every process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+
+
+def configure_logging(level: str = "info", **context: Any) -> None:
+    """JSON lines on stderr; ``context`` (e.g. ``worker=..., lane=...``) is bound to every event."""
+    numeric = _LEVELS.get(level.lower(), logging.INFO)
+    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    structlog.contextvars.clear_contextvars()
+    if context:
+        structlog.contextvars.bind_contextvars(**context)
+
+
+def get_logger(name: str | None = None, **initial: Any) -> Any:
+    logger = structlog.get_logger(name)
+    return logger.bind(**initial) if initial else logger

@@ -1,0 +1,133 @@
+"""Shared fixtures: a real redis-server per test (startable, killable, restartable)
+and real synthesized speech (espeak-ng + sox), cached per test session."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+import wave
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+VOICE = "en-us+klatt"
+WPM = 130
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server child with AOF on, in its own directory."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(self.workdir), "--appendonly", "yes", "--appendfsync", "always",
+             "--save", "", "--protected-mode", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    client.close()
+                    return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture
+def redis_factory(tmp_path: Path) -> Iterator[Callable[[], RedisServer]]:
+    servers: list[RedisServer] = []
+
+    def make() -> RedisServer:
+        server = RedisServer(tmp_path / f"redis{len(servers)}")
+        server.start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.kill()
+
+
+@pytest.fixture
+def redis_server(redis_factory: Callable[[], RedisServer]) -> RedisServer:
+    return redis_factory()
+
+
+def synthesize(text: str, out: Path, *, rate: int = 16000, voice: str = VOICE,
+               wpm: int = WPM) -> Path:
+    """espeak-ng speech, converted by sox to mono s16le WAV at ``rate``."""
+    raw = out.with_suffix(".espeak.wav")
+    subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text],
+                   check=True, capture_output=True)
+    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(out)],
+                   check=True, capture_output=True)
+    raw.unlink()
+    return out
+
+
+@pytest.fixture(scope="session")
+def speech_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("speech")
+
+
+@pytest.fixture(scope="session")
+def speech(speech_dir: Path) -> Callable[..., Path]:
+    """``speech(text, rate=16000)`` -> cached WAV path of that text spoken."""
+    if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
+        pytest.fail("espeak-ng and sox are required (apt-get install espeak-ng sox)")
+
+    def make(text: str, rate: int = 16000) -> Path:
+        digest = hashlib.sha1(f"{text}|{rate}".encode()).hexdigest()[:16]
+        path = speech_dir / f"{digest}.wav"
+        if not path.exists():
+            synthesize(text, path, rate=rate)
+        return path
+
+    return make
+
+
+def read_pcm(path: Path | str) -> tuple[bytes, int]:
+    """PCM s16le mono bytes and sample rate of a WAV file."""
+    with wave.open(os.fspath(path)) as w:
+        return w.readframes(w.getnframes()), w.getframerate()
