@@ -1,1 +1,18 @@
-"""vad package."""
+"""Voice activity detection and speech segmentation shared by both lanes."""
+
+from vad.errors import VadError
+from vad.events import SEGMENT_REASONS, SegmentEnded, SegmentReason, SpeechStarted, VadEvent
+from vad.segmenter import StreamingSegmenter, segment_pcm
+from vad.settings import VadSettings
+
+__all__ = [
+    "SEGMENT_REASONS",
+    "SegmentEnded",
+    "SegmentReason",
+    "SpeechStarted",
+    "StreamingSegmenter",
+    "VadError",
+    "VadEvent",
+    "VadSettings",
+    "segment_pcm",
+]
