@@ -177,19 +177,25 @@ class StreamingSegmenter:
         self._start = cut
 
     def _quietest_point(self, window_end: int) -> int:
-        """Middle of the last lowest-energy frame wholly inside the search range."""
+        """Middle of the quietest frame wholly inside the search range.
+
+        A frame's score is its energy plus its two neighbours' (90 ms at 30 ms
+        frames): a single quiet frame is as likely a stop closure inside a word as
+        a gap between words; a quiet neighbourhood is a gap. Ties go to the latest.
+        """
         n = self._n
-        first = -(-(window_end - self._search) // n)
-        last = window_end // n - 1
         oldest = self._frames - len(self._energies)
-        first = max(first, oldest)
+        first = max(-(-(window_end - self._search) // n), oldest + 1)
+        last = window_end // n - 2  # its right neighbour must be inside the window too
         if last < first:
             return window_end
-        best, best_energy = last, self._energies[last - oldest]
-        for f in range(last - 1, first - 1, -1):
-            e = self._energies[f - oldest]
-            if e < best_energy:
-                best, best_energy = f, e
+        e = self._energies
+        best, best_score = last, -1
+        for f in range(last, first - 1, -1):
+            i = f - oldest
+            score = e[i - 1] + e[i] + e[i + 1]
+            if best_score < 0 or score < best_score:
+                best, best_score = f, score
         return best * n + n // 2
 
     def _to_ext(self, sample: int) -> int:
