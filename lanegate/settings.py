@@ -80,6 +80,12 @@ class Settings:
     max_attempts: int = _s(3, "Deliveries of a job before it goes to the dead-letter stream.")
     job_ttl_s: float = _s(7 * 86400.0, "How long finished jobs and results are kept.")
     idempotency_ttl_s: float = _s(86400.0, "How long an Idempotency-Key maps to its job.")
+    wait_base_s: float = _s(
+        30.0, "A request waiting for its transcript (a short upload on the realtime lane, an "
+        "OpenAI request waiting for a batch job) times out after WAIT_BASE_S + "
+        "WAIT_PER_AUDIO_S x audio seconds (504).",
+    )
+    wait_per_audio_s: float = _s(2.0, "Seconds of waiting allowed per audio second (504).")
     webhook_secret: str = _s("", "HMAC-SHA256 key for X-Lanegate-Signature on webhooks.")
     webhook_max_attempts: int = _s(8, "Webhook delivery attempts before giving up.")
     webhook_backoff_s: float = _s(1.0, "First webhook retry delay; doubles each attempt.")

@@ -1,0 +1,56 @@
+"""Lane routing for uploads: transcribe now on the realtime lane, or queue a batch job.
+
+A short upload that the client did not mark async is fed to a realtime worker
+in capped chunks, like a stream, and answered at once; anything longer, or
+marked async, becomes a job on the batch lane's Redis stream. The OpenAI
+endpoint has no "async": long audio still goes to the batch lane and the
+request waits for the job, so a long prefill never lands on the realtime lane.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from lanegate.settings import Settings
+
+
+class Lane(enum.StrEnum):
+    REALTIME = "realtime"
+    BATCH = "batch"
+
+
+class Reason(enum.StrEnum):
+    SHORT = "short"  # at most sync_max_seconds: realtime lane
+    LONG = "long"  # longer than sync_max_seconds: batch lane
+    ASYNC = "async"  # the client asked for a job
+    REALTIME_BUSY = "realtime_busy"  # no realtime slot free: fell back to the batch lane
+
+
+@dataclass(frozen=True)
+class Route:
+    lane: Lane
+    reason: Reason
+
+    @property
+    def sync(self) -> bool:
+        return self.lane is Lane.REALTIME
+
+
+def route_upload(audio_seconds: float, *, async_requested: bool, settings: Settings) -> Route:
+    """The lane for an upload of ``audio_seconds`` of decoded audio."""
+    if async_requested:
+        return Route(Lane.BATCH, Reason.ASYNC)
+    if audio_seconds <= settings.sync_max_seconds:
+        return Route(Lane.REALTIME, Reason.SHORT)
+    return Route(Lane.BATCH, Reason.LONG)
+
+
+def busy_fallback() -> Route:
+    """The route when the realtime lane refused the session (no free slot, no worker)."""
+    return Route(Lane.BATCH, Reason.REALTIME_BUSY)
+
+
+def wait_timeout_s(audio_seconds: float, settings: Settings) -> float:
+    """How long a request may wait for its transcript (realtime session or batch job)."""
+    return settings.wait_base_s + settings.wait_per_audio_s * audio_seconds
