@@ -70,6 +70,18 @@ class Settings:
     idle_timeout_s: float = _s(30.0, "A stream with no audio for this long is closed.")
     max_sessions_per_key: int = _s(16, "Concurrent stream sessions per API key.")
     worker_lost_timeout_s: float = _s(2.0, "A silent worker connection is lost after this.")
+    mixed_lost_timeout_s: float = _s(
+        30.0, "Same for a `mixed` worker, which cannot answer pings while it decodes an "
+        "upload in its loop."
+    )
+    session_lease_s: float = _s(
+        30.0, "TTL of a stream's entry in the per-key session count in Redis (refreshed "
+        "while the stream lives; frees the count if a gateway dies)."
+    )
+    start_timeout_s: float = _s(90.0, "`lanegate up`: how long the children may take to be ready.")
+    stop_timeout_s: float = _s(
+        15.0, "`lanegate up`: after SIGTERM, how long a child may take before SIGKILL."
+    )
 
     # --- batch lane ------------------------------------------------------
     sync_max_seconds: float = _s(30.0, "Uploads up to this long are answered synchronously.")
