@@ -117,9 +117,16 @@ class Settings:
     ps_dict: str = _s("", "pocketsphinx dictionary. Empty: the wheel's cmudict.")
     ps_maxhmmpf: int = _s(1500, "pocketsphinx max active HMMs per frame (speed knob).")
     ps_ds: int = _s(2, "pocketsphinx frame downsampling (speed knob).")
+    ps_fwdflat: bool = _s(
+        False, "pocketsphinx second pass at the end of each realtime utterance (about "
+        "25 ms per audio second in one call; the batch decoder always runs it).",
+    )
     sim_step_fixed_ms: float = _s(3.0, "Simulated engine: fixed cost per step (ms).")
     sim_prefill_frame_ms: float = _s(0.02, "Simulated engine: cost per 10 ms audio frame (ms).")
     sim_decode_seq_ms: float = _s(0.05, "Simulated engine: cost per sequence in a step (ms).")
+    sim_busy_wait: bool = _s(
+        False, "Simulated engine: spin (holding the GIL, like a CPU engine) instead of sleeping."
+    )
 
     @property
     def api_key_set(self) -> frozenset[str]:
