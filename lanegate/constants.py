@@ -28,6 +28,11 @@ IDEMPOTENCY_KEY = PREFIX + ":idem:{tenant}:{key}"
 CANCEL_KEY = PREFIX + ":cancel:{job_id}"
 #: pending webhook deliveries (stream)
 WEBHOOK_STREAM = PREFIX + ":webhooks"
+#: webhook deliveries by due time (sorted set of job ids, score = epoch seconds);
+#: a dispatcher leases one by pushing its score forward, so a crash re-delivers
+WEBHOOK_DUE_KEY = PREFIX + ":webhooks:due"
+#: one pending webhook delivery (hash: job_id, url, status, attempts)
+WEBHOOK_KEY = PREFIX + ":webhook:{job_id}"
 
 # --- sessions -------------------------------------------------------------
 #: concurrent stream sessions of one API key (counter with TTL refresh)
