@@ -1,0 +1,199 @@
+"""One realtime session's state: audio in, decode cursor, VAD cut points, events out.
+
+Audio is resampled to 16 kHz into a buffer and run through the VAD as it
+arrives (cheap). The decoder is fed the buffer continuously from the last
+cut; each VAD ``SegmentEnded`` queues a cut point, and a step's chunk never
+crosses the next cut. When the cursor reaches a cut the utterance is finished
+into a ``final`` and a new one starts. A max-window cut found behind the
+cursor keeps only the words that end before it and rewinds the cursor there;
+the re-feed is scheduled in capped chunks like any audio. The buffer keeps
+only what a rewind or a future event can still reach.
+
+No I/O here: the worker drives ``receive``/``take``/``after_chunk``/``settle``
+between engine steps and sends the events these return.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from lanegate.constants import ENGINE_SAMPLE_RATE
+from lanegate.transcript import Word
+from lanes.scheduler import Candidate
+from vad import SegmentEnded, StreamingSegmenter, VadSettings
+from workers.engines.base import BYTES_PER_SAMPLE, EngineStream, Hypothesis
+from workers.engines.resample import StreamResampler
+
+Event = dict[str, Any]
+RATE = ENGINE_SAMPLE_RATE
+# Trim the buffer front only when this much can go (amortises the copy).
+TRIM_SAMPLES = RATE
+# Tolerance when keeping the words that end before a max-window cut.
+CUT_TOLERANCE_S = 0.02
+
+
+@dataclass(frozen=True)
+class CutPoint:
+    segment: SegmentEnded  # in 16 kHz samples
+    decided_at: int  # VAD position (samples) when the cut was decided
+
+
+def ms(samples: int) -> int:
+    return samples * 1000 // RATE
+
+
+class RealtimeSession:
+    def __init__(self, session_id: str, sample_rate: int, stream: EngineStream,
+                 vad_settings: VadSettings, max_utterance_samples: int) -> None:
+        self.session_id = session_id
+        self.sample_rate = sample_rate
+        self.stream = stream
+        self._resampler = StreamResampler(sample_rate, RATE)
+        self._vad = StreamingSegmenter(vad_settings)
+        self._buf = bytearray()
+        self._base = 0  # sample index of _buf[0]
+        self.cursor = 0  # next sample to decode
+        self._origin = 0  # sample where the current utterance began
+        self._cuts: deque[CutPoint] = deque()
+        self._arrivals: deque[tuple[int, float]] = deque()  # (end sample, arrival time)
+        self._max_utterance = max_utterance_samples
+        self.segment = 0
+        self.ended = False
+        self.closed = False
+        self.audio_received_s = 0.0
+
+    # --- audio in ---------------------------------------------------------
+    @property
+    def buffered_end(self) -> int:
+        return self._base + len(self._buf) // BYTES_PER_SAMPLE
+
+    def receive(self, pcm: bytes, now: float) -> None:
+        self.audio_received_s += len(pcm) / BYTES_PER_SAMPLE / self.sample_rate
+        self._append(self._resampler.push(pcm), now)
+
+    def end(self, now: float) -> None:
+        """No more audio: drain the resampler and the VAD (an open segment ends, "end")."""
+        if self.ended:
+            return
+        self._append(self._resampler.flush(), now)
+        self._queue_cuts(self._vad.flush())
+        self.ended = True
+
+    def _append(self, pcm16k: bytes, now: float) -> None:
+        if not pcm16k:
+            return
+        self._buf += pcm16k
+        self._arrivals.append((self.buffered_end, now))
+        self._queue_cuts(self._vad.push(pcm16k))
+
+    def _queue_cuts(self, events: list[Any]) -> None:
+        for event in events:
+            if isinstance(event, SegmentEnded):
+                self._cuts.append(CutPoint(event, self._vad.position))
+
+    # --- the scheduler's view -----------------------------------------------
+    @property
+    def decode_limit(self) -> int:
+        """How far the cursor may go now: the next cut, or all buffered audio."""
+        if self._cuts:
+            return min(self._cuts[0].segment.end, self.buffered_end)
+        return self.cursor if self.ended else self.buffered_end
+
+    def candidate(self) -> Candidate:
+        pending = max(0, self.decode_limit - self.cursor)
+        return Candidate(self.session_id, pending, self._oldest_pending_at())
+
+    def _oldest_pending_at(self) -> float:
+        for end, at in self._arrivals:
+            if end > self.cursor:
+                return at
+        return self._arrivals[-1][1] if self._arrivals else 0.0
+
+    @property
+    def finished(self) -> bool:
+        """Ended and every final sent: only ``done`` is left."""
+        return self.ended and not self._cuts
+
+    def take(self, samples: int) -> bytes:
+        """The next ``samples`` of audio for the decoder; advances the cursor."""
+        samples = min(samples, self.decode_limit - self.cursor)
+        off = (self.cursor - self._base) * BYTES_PER_SAMPLE
+        self.cursor += samples
+        return bytes(self._buf[off : off + samples * BYTES_PER_SAMPLE])
+
+    # --- events out ------------------------------------------------------------
+    def after_chunk(self, hyp: Hypothesis) -> list[Event]:
+        events: list[Event] = []
+        if hyp.text:
+            events.append({"type": "partial", "segment": self.segment, "text": hyp.text,
+                           "audio_end_ms": ms(self.cursor)})
+        return events + self.settle()
+
+    def settle(self) -> list[Event]:
+        """Finals for every cut the cursor has reached; then trim the buffer."""
+        events: list[Event] = []
+        while self._cuts and self._cuts[0].segment.end <= self.cursor:
+            events.append(self._final(self._cuts.popleft()))
+        if not self._cuts and not self.ended:
+            self._restart_if_idle()
+        self._trim()
+        return events
+
+    def flush_now(self) -> list[Event]:
+        """Drain timeout: finals for every queued cut with what is decoded so far."""
+        events: list[Event] = []
+        while self._cuts:
+            cut = self._cuts.popleft()
+            events.append(self._final(cut))
+        return events
+
+    def _final(self, cut: CutPoint) -> Event:
+        seg = cut.segment
+        hyp = self.stream.finish()
+        words = [self._absolute(w) for w in hyp.words]
+        if seg.reason == "max_window" and seg.end < self.cursor:
+            limit = seg.end / RATE + CUT_TOLERANCE_S
+            words = [w for w in words if w.end <= limit]
+            self.cursor = seg.end
+        text = " ".join(w.word for w in words)
+        self.stream.start()
+        self._origin = self.cursor
+        event: Event = {
+            "type": "final", "segment": self.segment, "text": text,
+            "start_ms": ms(seg.start), "end_ms": ms(seg.end), "cut": seg.reason,
+            "audio_end_ms": ms(cut.decided_at),
+            "words": [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}
+                      for w in words],
+        }
+        self.segment += 1
+        return event
+
+    def _absolute(self, word: Word) -> Word:
+        offset = self._origin / RATE
+        return Word(word.word, word.start + offset, word.end + offset)
+
+    def _restart_if_idle(self) -> None:
+        """Bound a decoder fed nothing but non-speech: restart it, dropping its output."""
+        no_open_segment = self._vad.earliest_needed >= self.cursor
+        if no_open_segment and self.cursor - self._origin >= self._max_utterance:
+            self.stream.finish()
+            self.stream.start()
+            self._origin = self.cursor
+
+    def _trim(self) -> None:
+        keep = min([self.cursor, self._vad.earliest_needed]
+                   + [c.segment.end for c in self._cuts])
+        drop = keep - self._base
+        if drop < TRIM_SAMPLES:
+            return
+        del self._buf[: drop * BYTES_PER_SAMPLE]
+        self._base = keep
+        while self._arrivals and self._arrivals[0][0] <= keep:
+            self._arrivals.popleft()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.stream.close()
