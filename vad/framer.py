@@ -1,8 +1,9 @@
 """Cut pushed PCM into whole VAD frames at a webrtcvad rate, with their energies.
 
 Audio at a rate webrtcvad lacks goes through a soxr stream first. soxr output
-depends on how its input is chunked, so the framer feeds it fixed-size blocks:
-then any chunking of the same audio yields exactly the same frames.
+depends on how its input is chunked, so the framer feeds it fixed-size blocks
+(in float, undithered): then any chunking of the same audio yields exactly the
+same frames.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Framer:
         self._block_bytes = settings.sample_rate * RESAMPLE_BLOCK_MS // 1000 * BYTES_PER_SAMPLE
         if self.rate != settings.sample_rate:
             self._resampler = soxr.ResampleStream(
-                settings.sample_rate, self.rate, 1, dtype="int16", quality="HQ"
+                settings.sample_rate, self.rate, 1, dtype="float32", quality="HQ"
             )
 
     @property
@@ -61,11 +62,11 @@ class Framer:
         whole = len(self._in_buf) // block * block
         for off in range(0, whole, block):
             chunk = np.frombuffer(bytes(self._in_buf[off : off + block]), dtype=np.int16)
-            self._buf += self._resampler.resample_chunk(chunk).tobytes()
+            self._buf += _to_int16(self._resampler.resample_chunk(chunk.astype(np.float32)))
         del self._in_buf[:whole]
         if last:
-            tail = np.frombuffer(bytes(self._in_buf), dtype=np.int16)
-            self._buf += self._resampler.resample_chunk(tail, last=True).tobytes()
+            tail = np.frombuffer(bytes(self._in_buf), dtype=np.int16).astype(np.float32)
+            self._buf += _to_int16(self._resampler.resample_chunk(tail, last=True))
             self._in_buf.clear()
 
     def _take_frames(self) -> Frames:
@@ -75,6 +76,12 @@ class Framer:
         frames = bytes(self._buf[: n * self.frame_bytes])
         del self._buf[: n * self.frame_bytes]
         return frames, frame_energies(frames, self.frame_samples)
+
+
+def _to_int16(x: npt.NDArray[np.float32]) -> bytes:
+    # soxr's own int16 output is dithered at random, which would make the VAD's
+    # decisions differ between two runs over the same audio.
+    return np.clip(np.rint(x), -32768, 32767).astype(np.int16).tobytes()
 
 
 def frame_energies(frames: bytes, frame_samples: int) -> npt.NDArray[np.int64]:

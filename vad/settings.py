@@ -71,10 +71,12 @@ def validate(s: VadSettings) -> None:
         )
     if s.pad_ms < 0 or s.min_speech_ms < 0:
         raise VadError("pad_ms and min_speech_ms must not be negative")
-    if s.max_window_s * 1000 < 4 * s.frame_ms:
-        raise VadError(f"max_window_s ({s.max_window_s}) must be at least four frames")
-    if not (2 * s.frame_ms <= s.soft_cut_search_s * 1000 <= s.max_window_s * 1000 - 2 * s.frame_ms):
+    if s.max_window_s * 1000 < 8 * s.frame_ms:
+        raise VadError(f"max_window_s ({s.max_window_s}) must be at least eight frames")
+    # The soft cut scores a frame with both neighbours: four frames always hold one.
+    search_ms = s.soft_cut_search_s * 1000
+    if not (4 * s.frame_ms <= search_ms <= s.max_window_s * 1000 - 2 * s.frame_ms):
         raise VadError(
-            f"soft_cut_search_s ({s.soft_cut_search_s}) must be between two frames "
+            f"soft_cut_search_s ({s.soft_cut_search_s}) must be between four frames "
             f"and max_window_s ({s.max_window_s}) minus two frames"
         )
