@@ -90,6 +90,7 @@ class Settings:
     batch_max_audio_s: float = _s(120.0, "Most audio in one batch-engine call across jobs.")
     claim_idle_s: float = _s(60.0, "A job entry idle this long in a dead worker is reclaimed.")
     max_attempts: int = _s(3, "Deliveries of a job before it goes to the dead-letter stream.")
+    batch_max_jobs: int = _s(8, "Most jobs one batch worker holds (and batches across) at once.")
     job_ttl_s: float = _s(7 * 86400.0, "How long finished jobs and results are kept.")
     idempotency_ttl_s: float = _s(86400.0, "How long an Idempotency-Key maps to its job.")
     wait_base_s: float = _s(
@@ -101,6 +102,7 @@ class Settings:
     webhook_secret: str = _s("", "HMAC-SHA256 key for X-Lanegate-Signature on webhooks.")
     webhook_max_attempts: int = _s(8, "Webhook delivery attempts before giving up.")
     webhook_backoff_s: float = _s(1.0, "First webhook retry delay; doubles each attempt.")
+    webhook_timeout_s: float = _s(10.0, "Timeout of one webhook POST.")
 
     # --- VAD -------------------------------------------------------------
     vad_aggressiveness: int = _s(2, "webrtcvad aggressiveness 0-3.")
