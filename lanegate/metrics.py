@@ -72,6 +72,11 @@ SOFT_CUTS = Counter(
 AUDIO_SECONDS = Counter(
     "lanegate_audio_seconds_total", "Audio seconds processed by an engine.", ["lane", "worker"]
 )
+EVENT_LOOP_LAG = Histogram(
+    "lanegate_event_loop_lag_seconds",
+    "How late a worker's event loop wakes a timer: network I/O waiting behind engine work.",
+    ["lane", "worker"], buckets=LATENCY_BUCKETS,
+)
 JOB_DURATION = Histogram(
     "lanegate_job_duration_seconds", "First claim to stored result of a batch job.",
     ["lane", "worker"], buckets=JOB_BUCKETS,
