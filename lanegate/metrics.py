@@ -5,7 +5,7 @@ Buckets resolve both the 50 ms step budget and the 300 ms realtime red line.
 Who emits what (the dashboard and alerts in ``deploy/`` read exactly these):
 
 * realtime / mixed worker (``/metrics`` on its worker port): step duration, realtime
-  factor, active sessions, free slots, soft cuts, audio seconds;
+  factor, active sessions, free slots, soft cuts, audio seconds, event-loop lag;
 * batch worker (``/metrics`` on its worker port): step duration, realtime factor,
   soft cuts, audio seconds, job duration, queue wait, jobs ``completed``/``failed``;
 * gateway (``/metrics`` on its port): first-partial, partial and final latency,
