@@ -8,7 +8,7 @@ built once at start; one extra decoder serves ``transcribe_batch``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from pocketsphinx import Decoder
@@ -143,7 +143,9 @@ class PocketsphinxEngine:
                     out.append(result)
         return out
 
-    def transcribe_segment_pieces(self, segment: bytes) -> Iterator[Hypothesis | None]:
+    def transcribe_segment_pieces(
+        self, segment: bytes
+    ) -> Generator[Hypothesis | None, None, None]:
         """Decode one segment in about 1 s pieces: yields None after each piece, then
         the final hypothesis, so a caller can return to its event loop in between."""
         check_pcm(segment)

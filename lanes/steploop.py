@@ -1,0 +1,251 @@
+"""The realtime lane's step loop: plan a step, run it off the event loop, send events.
+
+Engine calls run in a single-thread executor so that, between steps, the event
+loop serves network I/O (pocketsphinx holds the GIL during a call, so a step
+still blocks the loop while it runs; the plan keeps each step short). Session
+lifecycle (finish, start, close) happens only here between steps, never while
+a step that uses the stream is in flight. In mixed mode whole batch-lane
+decodes run in the same loop, in one piece, between realtime steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from lanegate import metrics
+from lanegate.constants import CLOSE_INTERNAL, CLOSE_NORMAL, ENGINE_SAMPLE_RATE
+from lanegate.logs import get_logger
+from lanegate.settings import Settings
+from lanes.cost import CostModel
+from lanes.scheduler import StepLimits, StepPlan, create_queue, plan_step
+from lanes.session import Event, RealtimeSession
+from workers.engines.base import Engine, Hypothesis
+
+# Recent step durations kept for the heartbeat's p99.
+RECENT_STEPS = 512
+# Upper bound on an idle wait, so a missed wake-up can never stall a session.
+IDLE_WAIT_S = 0.5
+
+
+@dataclass(frozen=True)
+class Close:
+    """Outbox item: close the WebSocket with this code."""
+
+    code: int
+
+
+@dataclass
+class SessionHandle:
+    session: RealtimeSession
+    outbox: asyncio.Queue[Event | Close] = field(default_factory=asyncio.Queue)
+    abandoned: bool = False  # the connection is gone or broke the protocol
+    started: float = field(default_factory=time.monotonic)
+
+    def send(self, events: Sequence[Event]) -> None:
+        if not self.abandoned:
+            for event in events:
+                self.outbox.put_nowait(event)
+
+
+@dataclass
+class BatchItem:
+    segments: list[bytes]
+    future: asyncio.Future[list[Hypothesis]]
+
+
+def step_limits(settings: Settings, lane: str) -> StepLimits:
+    return StepLimits(
+        max_chunk_samples=settings.max_chunk_ms * ENGINE_SAMPLE_RATE // 1000,
+        budget_s=settings.step_budget_ms / 1000,
+        capped=settings.chunk_cap and lane != "mixed",
+        sample_rate=ENGINE_SAMPLE_RATE,
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class StepLoop:
+    def __init__(self, engine: Engine, settings: Settings, *, lane: str, worker_id: str) -> None:
+        self.engine = engine
+        self.lane = lane
+        self.worker_id = worker_id
+        self.sessions: dict[str, SessionHandle] = {}
+        self.cost = CostModel.from_prior(engine.cost_prior(), settings.cost_ewma_alpha)
+        self.limits = step_limits(settings, lane)
+        self.queue = create_queue()
+        self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.steps = 0
+        self._batch: deque[BatchItem] = deque()
+        self._wake = asyncio.Event()
+        self.idle = asyncio.Event()  # set while no session is active
+        self.idle.set()
+        self._flush_all = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self._log = get_logger("lanegate.steploop", lane=lane, worker=worker_id)
+        self._labels = {"lane": lane, "worker": worker_id}
+
+    # --- inputs (called from connection handlers) ---------------------------------
+    def add(self, session: RealtimeSession) -> SessionHandle:
+        handle = SessionHandle(session)
+        self.sessions[session.session_id] = handle
+        self._gauges()
+        self.wake()
+        return handle
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def flush_all(self) -> None:
+        """Drain deadline: every session gets its last finals and ``done`` now."""
+        self._flush_all = True
+        self.wake()
+
+    async def submit_batch(self, segments: list[bytes]) -> list[Hypothesis]:
+        """Mixed mode: decode these segments in one uncapped work item of this loop."""
+        item = BatchItem(segments, asyncio.get_running_loop().create_future())
+        self._batch.append(item)
+        self.wake()
+        return await item.future
+
+    def step_p99_ms(self) -> float:
+        return percentile(self.step_times, 0.99) * 1000
+
+    # --- the loop ------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                self._settle_all()
+                plan = plan_step([h.session.candidate() for h in self.sessions.values()],
+                                 self.queue, self.cost, self.limits)
+                if plan:
+                    await self._run_step(plan)
+                if self._batch:
+                    await self._run_batch_item(self._batch.popleft())
+                if not plan and not self._batch:
+                    await self._idle(stop)
+                else:
+                    await asyncio.sleep(0)  # let network I/O in between steps
+        finally:
+            self._close_all()
+            self._executor.shutdown(wait=True)
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        stopper = asyncio.ensure_future(stop.wait())
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({stopper, waker}, timeout=IDLE_WAIT_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            waker.cancel()
+
+    def _settle_all(self) -> None:
+        now = time.monotonic()
+        for handle in list(self.sessions.values()):
+            session = handle.session
+            if handle.abandoned:
+                self._drop(handle, "abandoned")
+                continue
+            if self._flush_all:
+                session.end(now)
+                handle.send(self._counted(session.flush_now()))
+            handle.send(self._counted(session.settle()))
+            if session.finished:
+                handle.send([{"type": "done"}])
+                handle.outbox.put_nowait(Close(CLOSE_NORMAL))
+                self._drop(handle, "done")
+
+    async def _run_step(self, plan: StepPlan) -> None:
+        handles = [self.sessions[c.session_id] for c in plan.chunks]
+        work = [(h.session.stream, h.session.take(c.samples))
+                for h, c in zip(handles, plan.chunks, strict=True)]
+        started = time.perf_counter()
+        try:
+            hyps = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.engine.step, work)
+        except Exception:
+            self._log.exception("step_failed", sessions=len(work))
+            for handle in handles:
+                self._fail(handle, "the engine failed on this session's audio")
+            return
+        self._record_step(time.perf_counter() - started, plan.audio_samples, len(work))
+        for handle, hyp in zip(handles, hyps, strict=True):
+            handle.send(self._counted(handle.session.after_chunk(hyp)))
+
+    async def _run_batch_item(self, item: BatchItem) -> None:
+        started = time.perf_counter()
+        try:
+            hyps = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.engine.transcribe_batch, item.segments)
+        except Exception as exc:
+            if not item.future.done():
+                item.future.set_exception(exc)
+            return
+        samples = sum(len(s) for s in item.segments) // 2
+        self._record_step(time.perf_counter() - started, samples, 0)
+        if not item.future.done():
+            item.future.set_result(hyps)
+
+    def _record_step(self, seconds: float, samples: int, seqs: int) -> None:
+        audio_s = samples / ENGINE_SAMPLE_RATE
+        if seqs:
+            self.cost.observe(seconds, audio_s, seqs)
+        self.step_times.append(seconds)
+        self.steps += 1
+        metrics.STEP_DURATION.labels(**self._labels).observe(seconds)
+        metrics.AUDIO_SECONDS.labels(**self._labels).inc(audio_s)
+        if audio_s > 0:
+            metrics.REALTIME_FACTOR.labels(**self._labels).observe(seconds / audio_s)
+
+    def _counted(self, events: list[Event]) -> list[Event]:
+        for event in events:
+            if event["type"] == "final":
+                metrics.SOFT_CUTS.labels(lane=self.lane, reason=event["cut"]).inc()
+        return events
+
+    def _fail(self, handle: SessionHandle, message: str) -> None:
+        handle.send([{"type": "error", "code": "internal", "message": message}])
+        handle.outbox.put_nowait(Close(CLOSE_INTERNAL))
+        handle.abandoned = True
+
+    def _drop(self, handle: SessionHandle, reason: str) -> None:
+        session = handle.session
+        session.close()
+        self.sessions.pop(session.session_id, None)
+        self._gauges()
+        self._log.info("session_end", session_id=session.session_id, reason=reason,
+                       audio_s=round(session.audio_received_s, 3), finals=session.segment,
+                       duration_s=round(time.monotonic() - handle.started, 3))
+
+    def _close_all(self) -> None:
+        for handle in list(self.sessions.values()):
+            handle.outbox.put_nowait(Close(CLOSE_NORMAL))
+            self._drop(handle, "worker_stopped")
+        for item in self._batch:
+            if not item.future.done():
+                item.future.set_exception(RuntimeError("the worker is stopping"))
+        self._batch.clear()
+
+    def _gauges(self) -> None:
+        metrics.ACTIVE_SESSIONS.labels(**self._labels).set(len(self.sessions))
+        if self.sessions:
+            self.idle.clear()
+        else:
+            self.idle.set()
+        metrics.FREE_SLOTS.labels(**self._labels).set(self.engine.slots_free())
+
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.steps, "step_p99_ms": round(self.step_p99_ms(), 2),
+                "cost_s_per_audio_s": round(self.cost.s_per_audio_s, 4)}
