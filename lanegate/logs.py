@@ -15,12 +15,29 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 def configure_logging(level: str = "info", **context: Any) -> None:
     """JSON lines on stderr; ``context`` (e.g. ``worker=..., lane=...``) is bound to every event."""
     numeric = _LEVELS.get(level.lower(), logging.INFO)
-    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    # Records of the standard library's loggers (aiohttp, asyncio, redis, warnings)
+    # become the same JSON lines, with the bound context, instead of plain text.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+    ))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric)
+    logging.captureWarnings(True)
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *shared,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ],
