@@ -1,0 +1,352 @@
+"""``lanegate up``: the embedded deployment in one command.
+
+Starts, in order: a ``redis-server`` child (unless ``redis_url`` is set) on a
+free loopback port with AOF on and its data under ``DATA_DIR/redis``; the
+gateway; one realtime worker and one batch worker (one ``mixed`` worker
+instead when ``lanes = mixed``). Each child is ``sys.executable -m
+lanegate.cli <command>`` with the settings passed as ``LANEGATE_*``
+environment variables, in its own process group (so a terminal's Ctrl-C
+reaches only the supervisor, which then stops the children in order).
+
+CPU pinning (``pin_cpus``, on by default, needs two or more usable cores): the
+usable CPUs are split in two halves. The realtime worker gets the first half
+and the batch worker the second, the software analogue of giving each lane its
+own GPUs. The gateway and Redis share the realtime half: they are on the
+realtime path (every stream frame crosses the gateway, every session open reads
+the registry), so a long batch decode must not delay them either. A mixed
+worker is not pinned. Children inherit the mask at start.
+
+Readiness: ``up`` waits until the gateway's ``/readyz`` answers 200 (Redis up
+and a realtime worker registered) within ``start_timeout_s``, then prints the
+URLs. A child that exits during start is fatal: a clear message, every other
+child stopped, exit 1. After start a child that exits is restarted with
+exponential backoff (1 s doubling to 30 s; reset after 60 s of good running),
+and each restart is logged. SIGINT / SIGTERM stop the workers first (they drain
+their sessions), then the gateway, then Redis: SIGTERM, then SIGKILL after
+``stop_timeout_s``; exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+
+from lanegate.logs import configure_logging, get_logger
+from lanegate.settings import Settings, from_args
+
+log = get_logger("lanegate.supervisor")
+
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 30.0
+#: a child that ran this long before exiting is restarted after BACKOFF_FIRST_S again
+STABLE_AFTER_S = 60.0
+POLL_S = 0.2
+_PR_SET_PDEATHSIG = 1
+
+
+class StartError(RuntimeError):
+    """A child could not be started or died during start."""
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: its own process group and SIGTERM if ``up`` dies."""
+    os.setpgrp()
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    """One supervised process."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    cpus: frozenset[int] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff_s: float = BACKOFF_FIRST_S
+    restart_at: float | None = None
+    stop_order: int = 0
+    #: when set, ``up`` waits for it before starting the next child
+    ready: Callable[[], bool] | None = None
+
+    def start(self) -> None:
+        cpus = self.cpus
+
+        def preexec() -> None:
+            _die_with_parent()
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
+        self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=preexec)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+        log.info("child_start", child=self.name, pid=self.proc.pid,
+                 cpus=sorted(cpus) if cpus else "all", restarts=self.restarts)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.running:
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+
+
+@dataclass
+class Supervisor:
+    """Starts children in order, waits for readiness, restarts crashes, stops on signal."""
+
+    children: list[Child]
+    ready: Callable[[], bool]
+    start_timeout_s: float = 90.0
+    stop_timeout_s: float = 15.0
+    on_ready: Callable[[], None] = lambda: None
+    stopping: bool = field(default=False, init=False)
+
+    def request_stop(self, signum: int, frame: FrameType | None = None) -> None:
+        if not self.stopping:
+            log.info("stop_requested", signal=signal.Signals(signum).name)
+        self.stopping = True
+
+    def run(self) -> int:
+        """Start, wait until ready, supervise until stopped; the exit code."""
+        old = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            try:
+                self.start_all()
+            except StartError as exc:
+                print(f"lanegate up: {exc}", file=sys.stderr)
+                log.error("start_failed", error=str(exc))
+                self.stop_all()
+                return 1
+            if self.stopping:
+                self.stop_all()
+                return 0
+            self.on_ready()
+            self.supervise()
+            self.stop_all()
+            return 0
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def start_all(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        for child in self.children:
+            try:
+                child.start()
+            except OSError as exc:
+                raise StartError(f"cannot start {child.name}: {exc}") from exc
+            if child.ready is not None:
+                self._wait(child.ready, deadline, child.name)
+        self._wait(self.ready, deadline, "the service")
+
+    def _wait(self, probe: Callable[[], bool], deadline: float, what: str) -> None:
+        while not self.stopping:
+            self._check_start()
+            if probe():
+                self._check_start()
+                return
+            if time.monotonic() > deadline:
+                raise StartError(f"{what} not ready after {self.start_timeout_s:g} s "
+                                 "(start_timeout_s); see the children's logs above")
+            time.sleep(POLL_S)
+
+    def _check_start(self) -> None:
+        for child in self.children:
+            if child.proc is None:
+                continue
+            code = child.exit_code()
+            if code is not None:
+                raise StartError(f"{child.name} exited with code {code} during start; "
+                                 "see its log above")
+
+    def supervise(self) -> None:
+        while not self.stopping:
+            now = time.monotonic()
+            for child in self.children:
+                self._tend(child, now)
+            time.sleep(POLL_S)
+
+    def _tend(self, child: Child, now: float) -> None:
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                child.restarts += 1
+                try:
+                    child.start()
+                except OSError as exc:
+                    log.error("child_restart_failed", child=child.name, error=str(exc))
+                    self._schedule_restart(child, now)
+            return
+        code = child.exit_code()
+        if code is None:
+            return
+        if now - child.started_at >= STABLE_AFTER_S:
+            child.backoff_s = BACKOFF_FIRST_S
+        log.warning("child_exited", child=child.name, code=code,
+                    ran_s=round(now - child.started_at, 1), restart_in_s=child.backoff_s)
+        self._schedule_restart(child, now)
+
+    @staticmethod
+    def _schedule_restart(child: Child, now: float) -> None:
+        child.restart_at = now + child.backoff_s
+        child.backoff_s = min(BACKOFF_MAX_S, child.backoff_s * 2)
+
+    def stop_all(self) -> None:
+        """SIGTERM by stop order (workers, gateway, redis), SIGKILL after the timeout."""
+        for order in sorted({c.stop_order for c in self.children}):
+            group = [c for c in self.children if c.stop_order == order and c.running]
+            for child in group:
+                child.signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_timeout_s
+            for child in group:
+                assert child.proc is not None
+                try:
+                    child.proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("child_killed", child=child.name,
+                                after_s=self.stop_timeout_s)
+                    child.signal(signal.SIGKILL)
+                    child.proc.wait()
+                log.info("child_stopped", child=child.name, code=child.proc.returncode)
+
+
+# --- building the embedded deployment ---------------------------------------------
+
+
+def cpu_split(settings: Settings) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+    """(realtime CPUs, batch CPUs), or (None, None) when not pinning."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not settings.pin_cpus or len(cpus) < 2 or settings.lanes == "mixed":
+        return None, None
+    half = len(cpus) // 2
+    return frozenset(cpus[:half]), frozenset(cpus[half:])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _lanegate(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lanegate.cli", *args]
+
+
+def redis_child(settings: Settings, port: int, cpus: frozenset[int] | None) -> Child:
+    data = os.path.join(settings.data_path, "redis")
+    os.makedirs(data, exist_ok=True)
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", data,
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+            "--protected-mode", "no", "--loglevel", "warning"]
+    return Child("redis", argv, dict(os.environ), cpus=cpus, stop_order=2,
+                 ready=redis_ready(settings.redis_url))
+
+
+def build_children(settings: Settings) -> tuple[list[Child], Settings]:
+    """The children of ``lanegate up`` and the settings they run with."""
+    rt_cpus, batch_cpus = cpu_split(settings)
+    children: list[Child] = []
+    if not settings.redis_url:
+        port = free_port()
+        settings = settings.replace(redis_url=f"redis://127.0.0.1:{port}/0")
+        children.append(redis_child(settings, port, rt_cpus))
+    env = {**os.environ, **settings.to_env()}
+    children.append(Child("gateway", _lanegate("gateway"), env, cpus=rt_cpus, stop_order=1))
+    if settings.lanes == "mixed":
+        children.append(Child("worker-mixed", _lanegate("worker", "--lane", "mixed"), env))
+    else:
+        children.append(Child("worker-realtime", _lanegate("worker", "--lane", "realtime"),
+                              env, cpus=rt_cpus))
+        children.append(Child("worker-batch", _lanegate("worker", "--lane", "batch"),
+                              env, cpus=batch_cpus))
+    return children, settings
+
+
+def gateway_base(settings: Settings) -> str:
+    host = settings.host if settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    return f"http://{host}:{settings.port}"
+
+
+def http_ready(url: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    return probe
+
+
+def redis_ready(url: str) -> Callable[[], bool]:
+    """A probe: does the Redis at ``url`` answer PING?"""
+    import redis
+
+    def probe() -> bool:
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+        try:
+            return bool(client.ping())
+        except redis.exceptions.RedisError:
+            return False
+        finally:
+            client.close()
+
+    return probe
+
+
+def banner(settings: Settings) -> str:
+    base = gateway_base(settings)
+    ws = base.replace("http://", "ws://", 1)
+    return "\n".join([
+        "lanegate is up",
+        f"  gateway    {base}",
+        f"  stream     {ws}/v1/stream?sample_rate=16000",
+        f"  uploads    {base}/v1/transcriptions",
+        f"  openai     {base}/v1 (POST /v1/audio/transcriptions)",
+        f"  metrics    {base}/metrics",
+        f"  redis      {settings.redis_url}",
+        f"  lanes      {settings.lanes}",
+        "Ctrl-C stops everything.",
+    ])
+
+
+def run_up(settings: Settings, out: Callable[[str], None] = print) -> int:
+    children, settings = build_children(settings)
+    supervisor = Supervisor(
+        children, ready=http_ready(gateway_base(settings) + "/readyz"),
+        start_timeout_s=settings.start_timeout_s, stop_timeout_s=settings.stop_timeout_s,
+        on_ready=lambda: out(banner(settings)),
+    )
+    return supervisor.run()
+
+
+def main(args: argparse.Namespace) -> int:
+    """``lanegate up``."""
+    settings = from_args(args)
+    configure_logging(settings.log_level, lane="supervisor")
+    log.info("up", lanes=settings.lanes, port=settings.port, data_dir=settings.data_path,
+             embedded_redis=not settings.redis_url)
+    return run_up(settings)
