@@ -3,14 +3,14 @@ and the streaming resampler."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import read_pcm
 
 from lanegate.settings import Settings, SettingsError
-from conftest import read_pcm
 from workers.engines import NoFreeSlot, create_engine
 from workers.engines.pocketsphinx import PocketsphinxEngine
 from workers.engines.resample import StreamResampler
@@ -30,8 +30,8 @@ def recall(expected: str, got: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def ps() -> Iterator[PocketsphinxEngine]:
-    yield PocketsphinxEngine(Settings(), slots=2)
+def ps() -> PocketsphinxEngine:
+    return PocketsphinxEngine(Settings(), slots=2)
 
 
 def chunks(pcm: bytes, size: int) -> list[bytes]:
@@ -84,7 +84,8 @@ def test_pocketsphinx_batch_matches_streams_own_text(
     assert len(pieces) - 1 == -(-len(two) // 32000)  # one yield per second of audio
     final = pieces[-1]
     # Not equal to the batch call's text: the decoder's live CMN carries over utterances.
-    assert final is not None and recall(SENTENCE, final.text) >= 0.5
+    assert final is not None
+    assert recall(SENTENCE, final.text) >= 0.5
 
 
 def test_pocketsphinx_rejects_odd_bytes(ps: PocketsphinxEngine) -> None:
@@ -149,7 +150,8 @@ def test_simulated_text_is_deterministic_and_audio_specific(
                      (streams[1], one[offset : offset + 7000][:3200]),
                      (streams[2], two[offset : offset + 3200])])
     finals = [s.finish() for s in streams]
-    assert finals[0].text and finals[0] == finals[1]
+    assert finals[0].text
+    assert finals[0] == finals[1]
     assert not words(finals[0].text) & words(finals[2].text)
     batch = engine.transcribe_batch([one, two])
     assert [h.text for h in batch] == [finals[0].text, finals[2].text]
