@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import ResponseError
 
 from lanegate.constants import (
@@ -157,6 +159,20 @@ for i = 3, #ARGV do
 end
 return owned
 """
+
+
+def redis_client(url: str) -> aioredis.Redis:
+    """A client that retries a command a few times on a dropped connection.
+
+    ``Redis.from_url`` in redis-py 8 gives its connections no retries, so the
+    first command on a pooled connection after a Redis restart fails; with
+    these retries it reconnects instead. Longer outages still raise
+    ``ConnectionError`` (the worker waits them out with backoff).
+    """
+    return aioredis.Redis.from_url(
+        url, socket_connect_timeout=2.0, socket_timeout=10.0, health_check_interval=5,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
+    )
 
 
 @dataclass(frozen=True)

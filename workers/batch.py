@@ -48,7 +48,7 @@ from lanegate.logs import configure_logging, get_logger
 from lanegate.settings import Settings
 from lanegate.transcript import Segment, Transcript, Word
 from lanegate.webhooks import WebhookDispatcher
-from lanes.queue import Delivery, JobQueue
+from lanes.queue import Delivery, JobQueue, redis_client
 from vad import SegmentEnded, StreamingSegmenter, VadSettings
 from workers import registry
 from workers.engines.base import Hypothesis
@@ -528,8 +528,7 @@ async def _serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     engine = await asyncio.to_thread(create_engine, settings, slots=0)
-    redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2.0,
-                                    health_check_interval=5)
+    redis = redis_client(settings.redis_url)
     consumer = BatchConsumer(settings, redis, engine)
     metrics.init_worker_series("batch", consumer.worker_id)
     runner, url = await _start_http(settings, consumer)
