@@ -185,13 +185,15 @@ def vad_settings_st(
     frame_ms = draw(st.sampled_from([10, 20, 30]))
     window_ms = draw(st.integers(8 * frame_ms, 4000))
     search_ms = draw(st.integers(4 * frame_ms, window_ms - 2 * frame_ms))
+    room = window_ms - search_ms - 1  # pad + min_speech must fit before the search range
+    min_speech_ms = draw(st.integers(0, min(room, frame_ms if small_min_speech else 400)))
     return VadSettings(
         sample_rate=rate,
         frame_ms=frame_ms,
         aggressiveness=draw(st.integers(0, 3)),
         endpoint_silence_ms=draw(st.integers(frame_ms, 900)),
-        pad_ms=draw(st.integers(0, 300)),
-        min_speech_ms=draw(st.integers(0, frame_ms if small_min_speech else 400)),
+        pad_ms=draw(st.integers(0, min(300, room - min_speech_ms))),
+        min_speech_ms=min_speech_ms,
         max_window_s=window_ms / 1000,
         soft_cut_search_s=search_ms / 1000,
     )
@@ -492,6 +494,7 @@ def test_unsupported_sample_rate_is_rejected(rate: int) -> None:
         ({"max_window_s": 0.05}, "max_window_s"),
         ({"soft_cut_search_s": 0.01}, "soft_cut_search_s"),
         ({"soft_cut_search_s": 30.0}, "soft_cut_search_s"),
+        ({"max_window_s": 1.0, "soft_cut_search_s": 0.6, "pad_ms": 300}, "pad_ms"),
     ],
 )
 def test_bad_settings_are_rejected(change: dict[str, float], message: str) -> None:

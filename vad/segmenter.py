@@ -66,7 +66,10 @@ class StreamingSegmenter:
         self._window = (
             window_ext if rate == self._ext_rate else (window_ext - 1) * rate // self._ext_rate
         )
-        self._energies: deque[int] = deque(maxlen=self._window // n + 3)
+        # Enough frames for a search range that reaches back a whole window, even
+        # when a segment's leading pad already makes it longer than one.
+        span = max(self._window, self._pad + n)
+        self._energies: deque[int] = deque(maxlen=span // n + 4)
         self._frames = 0  # frames classified so far
         self._position = 0  # caller-rate samples pushed
         self._state = _State.IDLE
@@ -153,11 +156,10 @@ class StreamingSegmenter:
             if self._silence >= self._endpoint_frames:
                 self._close(self._speech_end(f_end), "endpoint", events)
                 return
-        if self._state is not _State.IDLE and f_end - self._start >= self._window:
-            if self._state is _State.OPEN:
-                self._soft_cut(events)
-            else:
-                self._state = _State.IDLE  # sparse blips never reached min_speech_ms
+        if self._state is _State.PENDING and f_end - self._start >= self._window:
+            self._state = _State.IDLE  # sparse blips never reached min_speech_ms
+        while self._state is _State.OPEN and f_end - self._start >= self._window:
+            self._soft_cut(events)
 
     def _speech_end(self, limit: int) -> int:
         # The lower bound only matters for the remainder of a cut that holds no speech.

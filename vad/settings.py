@@ -80,3 +80,9 @@ def validate(s: VadSettings) -> None:
             f"soft_cut_search_s ({s.soft_cut_search_s}) must be between four frames "
             f"and max_window_s ({s.max_window_s}) minus two frames"
         )
+    if s.pad_ms + s.min_speech_ms >= s.max_window_s * 1000 - search_ms:
+        raise VadError(
+            f"pad_ms + min_speech_ms ({s.pad_ms + s.min_speech_ms}) must be shorter than "
+            "max_window_s minus soft_cut_search_s, or a segment could outgrow the window "
+            "before it is confirmed"
+        )
