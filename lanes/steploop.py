@@ -212,7 +212,7 @@ class StepLoop:
     def _counted(self, events: list[Event]) -> list[Event]:
         for event in events:
             if event["type"] == "final":
-                metrics.SOFT_CUTS.labels(lane=self.lane, reason=event["cut"]).inc()
+                metrics.SOFT_CUTS.labels(**self._labels, reason=event["cut"]).inc()
         return events
 
     def _fail(self, handle: SessionHandle, message: str) -> None:
