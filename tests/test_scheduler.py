@@ -1,0 +1,136 @@
+"""The realtime lane scheduler: assertions on the plans it makes, not on wall time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import read_pcm
+
+from lanegate.settings import Settings
+from lanes.cost import CostModel
+from lanes.scheduler import (
+    Candidate,
+    FifoQueue,
+    OldestPendingFirstQueue,
+    StepLimits,
+    create_queue,
+    plan_step,
+)
+from lanes.session import RealtimeSession
+from lanes.steploop import step_limits
+from vad import VadSettings
+from workers.engines.base import CostPrior
+from workers.engines.simulated import SimulatedEngine
+
+RATE = 16000
+CHUNK = 200 * RATE // 1000
+BUDGET = StepLimits(max_chunk_samples=CHUNK, budget_s=0.050)
+
+
+def model(rate: float = 0.1, fixed: float = 0.003, per_seq: float = 0.0005) -> CostModel:
+    return CostModel.from_prior(CostPrior(rate, fixed, per_seq), alpha=0.2)
+
+
+def test_plan_caps_chunks_and_stops_at_the_budget() -> None:
+    cands = [Candidate(f"s{i}", RATE, float(i)) for i in range(10)]  # 1 s pending each
+    plan = plan_step(cands, OldestPendingFirstQueue(), model(), BUDGET)
+    assert plan.estimated_s <= BUDGET.budget_s + 1e-9
+    assert all(c.samples <= CHUNK for c in plan.chunks)
+    assert [c.session_id for c in plan.chunks] == ["s0", "s1", "s2"][: len(plan.chunks)]
+    # 3 ms + 3 x 0.5 ms + 0.1 s/s x audio: two full chunks, then the 55 ms of audio left
+    assert [c.samples for c in plan.chunks] == [CHUNK, CHUNK, 5 * 160]
+
+
+def test_plan_always_holds_one_chunk() -> None:
+    expensive = model(rate=10.0, fixed=0.2)  # one frame alone is over the budget
+    plan = plan_step([Candidate("a", 4000, 0.0)], OldestPendingFirstQueue(), expensive, BUDGET)
+    assert [(c.session_id, c.samples) for c in plan.chunks] == [("a", CHUNK)]
+    assert not plan_step([Candidate("a", 0, 0.0)], OldestPendingFirstQueue(), model(), BUDGET)
+
+
+def test_nocap_plan_takes_everything() -> None:
+    cands = [Candidate("dump", 10 * RATE, 0.0), Candidate("live", 1600, 1.0)]
+    limits = StepLimits(max_chunk_samples=CHUNK, budget_s=0.05, capped=False)
+    plan = plan_step(cands, OldestPendingFirstQueue(), model(), limits)
+    assert {c.session_id: c.samples for c in plan.chunks} == {"dump": 10 * RATE, "live": 1600}
+    assert plan.estimated_s > limits.budget_s
+    assert not step_limits(Settings(chunk_cap=False), "realtime").capped
+    assert not step_limits(Settings(), "mixed").capped
+    assert step_limits(Settings(), "realtime").capped
+
+
+def test_live_sessions_go_before_an_older_backlog() -> None:
+    cands = [Candidate("dump", 10 * RATE, 0.0), Candidate("live", 1600, 5.0),
+             Candidate("live2", 1600, 4.0)]
+    plan = plan_step(cands, create_queue(), model(rate=0.2), BUDGET)
+    assert [c.session_id for c in plan.chunks] == ["live2", "live", "dump"]
+    fifo = plan_step(cands, FifoQueue(), model(rate=0.2), BUDGET)
+    assert fifo.chunks[0].session_id == "dump"
+    with pytest.raises(ValueError, match="unknown"):
+        create_queue("lifo")
+
+
+def test_cost_model_learns_from_measured_steps() -> None:
+    cost = model(rate=0.25, fixed=0.001, per_seq=0.0)
+    for _ in range(40):
+        cost.observe(measured_s=0.001 + 0.5 * 0.2, audio_s=0.2, seqs=2)
+    assert cost.s_per_audio_s == pytest.approx(0.5, rel=0.01)
+    cost.observe(measured_s=5.0, audio_s=0.001, seqs=1)  # too little audio to learn from
+    assert cost.s_per_audio_s == pytest.approx(0.5, rel=0.01)
+    assert cost.estimate_s(1.0, 2) == pytest.approx(0.501, rel=0.01)
+
+
+def sessions_engine() -> SimulatedEngine:
+    # An expensive modelled GPU: 100 ms of one stream costs 10.5 ms.
+    settings = Settings(engine="simulated", sim_step_fixed_ms=3.0, sim_prefill_frame_ms=1.0,
+                        sim_decode_seq_ms=0.5)
+    return SimulatedEngine(settings, slots=8)
+
+
+def new_session(engine: SimulatedEngine, name: str) -> RealtimeSession:
+    return RealtimeSession(name, RATE, engine.open_stream(), VadSettings(), 25 * RATE)
+
+
+def test_a_10s_dump_never_breaks_the_budget_or_the_others_beat(
+    speech: Callable[..., Path],
+) -> None:
+    engine = sessions_engine()
+    cost = CostModel.from_prior(engine.cost_prior(), alpha=0.2)
+    limits = step_limits(Settings(), "realtime")
+    live_pcm, _ = read_pcm(speech("the weather is nice today and the children play outside"))
+    dump_pcm, _ = read_pcm(speech("please call me back tomorrow morning about the meeting "
+                                  "we will meet at the station at ten and then go home"))
+    dump_pcm = (dump_pcm * 3)[: 10 * RATE * 2]
+    live = [new_session(engine, f"live{i}") for i in range(3)]
+    dump = new_session(engine, "dump")
+    frame = 1600 * 2  # 100 ms
+    dump_steps = 0
+    for tick in range(120):
+        now = float(tick)
+        for i, session in enumerate(live):
+            offset = (tick * frame + i * 4000) % (len(live_pcm) - frame)
+            session.receive(live_pcm[offset : offset + frame], now)
+        if tick == 5:
+            dump.receive(dump_pcm, now)  # 10 s in one frame
+        sessions = {s.session_id: s for s in [*live, dump]}
+        for s in sessions.values():
+            s.settle()
+        cands = [s.candidate() for s in sessions.values()]
+        plan = plan_step(cands, create_queue(), cost, limits)
+        planned = {c.session_id for c in plan.chunks}
+        assert plan.estimated_s <= limits.budget_s + 1e-9, tick
+        assert all(c.samples <= limits.max_chunk_samples for c in plan.chunks)
+        waiting = {c.session_id for c in cands if c.pending_samples and c.session_id != "dump"}
+        assert waiting <= planned, (tick, waiting - planned)
+        dump_steps += "dump" in planned
+        work = [(sessions[c.session_id].stream, sessions[c.session_id].take(c.samples))
+                for c in plan.chunks]
+        hyps = engine.step(work)
+        for c, hyp in zip(plan.chunks, hyps, strict=True):
+            sessions[c.session_id].after_chunk(hyp)
+        if dump.cursor >= dump.buffered_end and tick > 5:
+            break
+    assert dump.cursor == dump.buffered_end == 10 * RATE, "the dump was digested"
+    assert dump_steps >= 10 * RATE // CHUNK, "over many steps, never in one"
