@@ -141,6 +141,9 @@ def init_worker_series(lane: str, worker: str) -> None:
         FREE_SLOTS.labels(lane=lane, worker=worker)
 
 
+_XRANGE_CAP = 10_000
+
+
 def _str(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -154,9 +157,9 @@ async def refresh_cluster_gauges(redis: Any, now: float | None = None) -> None:
     ``lanegate_queue_oldest_age_seconds`` from Redis (the gateway calls this before
     rendering ``/metrics``; a few Redis round trips per scrape).
 
-    Queue depth is the consumer group's undelivered entries (``lag``) plus its
-    pending (delivered, not acknowledged) entries; the oldest age comes from the
-    stream entry ids, which are millisecond timestamps of the XADD.
+    Queue depth is the consumer group's undelivered entries plus its pending
+    (delivered, not acknowledged) entries; the oldest age comes from the stream
+    entry ids, which are millisecond timestamps of the XADD.
     """
     from workers.registry import list_workers  # lazy: workers imports lanegate
 
@@ -179,9 +182,16 @@ async def refresh_cluster_gauges(redis: Any, now: float | None = None) -> None:
             continue
         pending = int(group.get("pending") or 0)
         last = _str(group.get("last-delivered-id") or "0-0")
-        undelivered = await redis.xrange(JOB_STREAM, min="(" + last, max="+", count=10_000)
+        undelivered = await redis.xrange(
+            JOB_STREAM, min="(" + last, max="+", count=_XRANGE_CAP
+        )
+        # Counted, not the group's `lag`: finished entries are XDELed, and Redis's lag
+        # estimate can still include deleted entries. Beyond the cap, lag is the estimate.
         lag = group.get("lag")
-        depth = pending + (int(lag) if lag is not None else len(undelivered))
+        waiting = len(undelivered)
+        if waiting >= _XRANGE_CAP and lag is not None:
+            waiting = max(waiting, int(lag))
+        depth = pending + waiting
         if undelivered:
             oldest_ms = _id_ms(undelivered[0][0])
         if pending:

@@ -409,3 +409,47 @@ def _check_logs(stack: Stack) -> None:
     assert seen_session, "no log event carries the stream's session_id"
     assert seen_job, "no log event carries the job's job_id"
     assert not problems, "\n".join(problems)
+
+
+async def test_cluster_gauges_follow_the_job_stream(redis_server: RedisServer) -> None:
+    """Queue depth = undelivered + pending entries of the consumer group; the oldest age
+    comes from the oldest such entry's id; finished entries (XACK + XDEL) leave both."""
+    import redis.asyncio as aioredis
+
+    from lanegate import metrics
+    from lanegate.constants import JOB_GROUP, JOB_STREAM
+
+    def gauge(metric: Any) -> float:
+        value: float = metric.labels(lane="batch")._value.get()
+        return value
+
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await metrics.refresh_cluster_gauges(client)  # no stream yet
+        assert gauge(metrics.QUEUE_DEPTH) == 0
+        assert gauge(metrics.QUEUE_OLDEST_AGE) == 0
+
+        await client.xgroup_create(JOB_STREAM, JOB_GROUP, id="0", mkstream=True)
+        ids = [await client.xadd(JOB_STREAM, {"job_id": f"j{i}"}) for i in range(3)]
+        first_ms = int(bytes(ids[0]).decode().split("-")[0])
+        await client.xreadgroup(JOB_GROUP, "w1", {JOB_STREAM: ">"}, count=1)
+
+        await metrics.refresh_cluster_gauges(client, now=first_ms / 1000 + 42.0)
+        assert gauge(metrics.QUEUE_DEPTH) == 3
+        assert gauge(metrics.QUEUE_OLDEST_AGE) == pytest.approx(42.0)
+
+        # the delivered job finishes: acknowledged and deleted, as lanes/queue.py does
+        await client.xack(JOB_STREAM, JOB_GROUP, ids[0])
+        await client.xdel(JOB_STREAM, ids[0])
+        second_ms = int(bytes(ids[1]).decode().split("-")[0])
+        await metrics.refresh_cluster_gauges(client, now=second_ms / 1000 + 5.0)
+        assert gauge(metrics.QUEUE_DEPTH) == 2
+        assert gauge(metrics.QUEUE_OLDEST_AGE) == pytest.approx(5.0)
+
+        for entry in ids[1:]:
+            await client.xdel(JOB_STREAM, entry)
+        await metrics.refresh_cluster_gauges(client)
+        assert gauge(metrics.QUEUE_DEPTH) == 0
+        assert gauge(metrics.QUEUE_OLDEST_AGE) == 0
+    finally:
+        await client.aclose()
