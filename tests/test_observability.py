@@ -419,6 +419,10 @@ async def test_cluster_gauges_follow_the_job_stream(redis_server: RedisServer) -
     from lanegate import metrics
     from lanegate.constants import JOB_GROUP, JOB_STREAM
 
+    def entry_ms(entry: bytes | str) -> int:
+        text = entry.decode() if isinstance(entry, bytes) else entry
+        return int(text.split("-")[0])
+
     def gauge(metric: Any) -> float:
         value: float = metric.labels(lane="batch")._value.get()
         return value
@@ -431,7 +435,7 @@ async def test_cluster_gauges_follow_the_job_stream(redis_server: RedisServer) -
 
         await client.xgroup_create(JOB_STREAM, JOB_GROUP, id="0", mkstream=True)
         ids = [await client.xadd(JOB_STREAM, {"job_id": f"j{i}"}) for i in range(3)]
-        first_ms = int(bytes(ids[0]).decode().split("-")[0])
+        first_ms = entry_ms(ids[0])
         await client.xreadgroup(JOB_GROUP, "w1", {JOB_STREAM: ">"}, count=1)
 
         await metrics.refresh_cluster_gauges(client, now=first_ms / 1000 + 42.0)
@@ -441,7 +445,7 @@ async def test_cluster_gauges_follow_the_job_stream(redis_server: RedisServer) -
         # the delivered job finishes: acknowledged and deleted, as lanes/queue.py does
         await client.xack(JOB_STREAM, JOB_GROUP, ids[0])
         await client.xdel(JOB_STREAM, ids[0])
-        second_ms = int(bytes(ids[1]).decode().split("-")[0])
+        second_ms = entry_ms(ids[1])
         await metrics.refresh_cluster_gauges(client, now=second_ms / 1000 + 5.0)
         assert gauge(metrics.QUEUE_DEPTH) == 2
         assert gauge(metrics.QUEUE_OLDEST_AGE) == pytest.approx(5.0)
