@@ -33,6 +33,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -244,8 +245,6 @@ def cpu_split(settings: Settings) -> tuple[frozenset[int] | None, frozenset[int]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
@@ -333,7 +332,21 @@ def banner(settings: Settings) -> str:
     ])
 
 
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def run_up(settings: Settings, out: Callable[[str], None] = print) -> int:
+    if port_in_use(settings.host, settings.port):
+        print(f"lanegate up: port {settings.port} on {settings.host} is already in use; "
+              "choose another with --port", file=sys.stderr)
+        return 1
     children, settings = build_children(settings)
     supervisor = Supervisor(
         children, ready=http_ready(gateway_base(settings) + "/readyz"),
