@@ -208,8 +208,12 @@ class StreamingSegmenter:
 
 def segment_pcm(pcm: bytes, settings: VadSettings = VadSettings()) -> list[SegmentEnded]:  # noqa: B008
     """Segments of a whole buffer: the streaming segmenter fed everything, then flushed."""
+    view = memoryview(pcm).cast("B")
+    if len(view) % BYTES_PER_SAMPLE:
+        raise VadError(
+            f"PCM must be s16le mono (2 bytes per sample); got an odd byte count {len(view)}"
+        )
     seg = StreamingSegmenter(settings)
-    view = memoryview(pcm)
     # Fed in pieces so that working memory stays bounded for long files.
     step = settings.sample_rate * BYTES_PER_SAMPLE * 10
     events: list[VadEvent] = []
