@@ -1,0 +1,1 @@
+"""lanegate's benchmark: the designs side by side in one run (`python -m bench run`)."""

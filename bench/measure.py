@@ -1,0 +1,223 @@
+"""Measurement windows against a running stack: load processes, metrics scrapes, batch jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from bench.load import StreamSpec
+from bench.stack import Stack
+from bench.stats import Histogram, merge, parse_histograms, summary
+
+STREAMS_PER_LOAD_PROCESS = 128
+CDF_POINTS = 200
+
+
+def live_specs(url: str, n: int, duration_s: float, pcm_path: Path, *,
+               ramp_s: float = 2.0) -> list[StreamSpec]:
+    """``n`` real-time streams, connecting over ``ramp_s``, each saying different things."""
+    return [StreamSpec(kind="live", url=url, pcm_path=str(pcm_path),
+                       start_s=ramp_s * i / max(n, 1), duration_s=duration_s,
+                       pcm_offset_s=7.3 * i)
+            for i in range(n)]
+
+
+def dump_spec(url: str, pcm_path: Path, *, dump_s: float, every_s: float, start_s: float,
+              duration_s: float) -> StreamSpec:
+    return StreamSpec(kind="dump", url=url, pcm_path=str(pcm_path), start_s=start_s,
+                      duration_s=duration_s, dump_s=dump_s, dump_every_s=every_s)
+
+
+def stream_url(base: str) -> str:
+    return base.replace("http://", "ws://") + "/v1/stream?sample_rate=16000&language=en"
+
+
+def worker_session_url(worker_url: str) -> str:
+    return (worker_url.replace("http://", "ws://")
+            + "/internal/v1/session?session_id={session_id}&sample_rate=16000&language=en")
+
+
+async def run_load(specs: list[StreamSpec], workdir: Path, name: str,
+                   timeout_s: float) -> list[dict[str, Any]]:
+    """Spread ``specs`` over load processes, start them together, collect their results."""
+    nproc = max(1, math.ceil(len(specs) / STREAMS_PER_LOAD_PROCESS))
+    t0_wall = time.time() + 1.5 + 0.2 * nproc
+    procs = []
+    outs = []
+    for k in range(nproc):
+        spec_path = workdir / f"{name}-load{k}.json"
+        out_path = workdir / f"{name}-load{k}.out.json"
+        spec_path.write_text(json.dumps({"t0_wall": t0_wall,
+                                         "streams": [asdict(s) for s in specs[k::nproc]]}))
+        procs.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.load", str(spec_path), str(out_path)))
+        outs.append(out_path)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), timeout_s)
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+    results: list[dict[str, Any]] = []
+    for out in outs:
+        if out.exists():
+            results += json.loads(out.read_text())
+    return results
+
+
+async def scrape(stack: Stack) -> dict[str, dict[str, Histogram]]:
+    """Step-duration histograms of every live worker with a URL, by worker id and lane."""
+    out: dict[str, dict[str, Histogram]] = {}
+    workers = await stack.realtime_workers() + await stack.batch_workers()
+    async with aiohttp.ClientSession() as http:
+        for w in workers:
+            if not w.url:
+                continue
+            try:
+                async with http.get(w.url + "/metrics",
+                                    timeout=aiohttp.ClientTimeout(5)) as r:
+                    out[w.worker_id] = parse_histograms(await r.text())
+            except (aiohttp.ClientError, TimeoutError):
+                continue
+    return out
+
+
+def step_delta(before: dict[str, dict[str, Histogram]],
+               after: dict[str, dict[str, Histogram]]) -> dict[str, Any]:
+    """Per-lane step histograms of the window (after minus before, summed over workers)."""
+    lanes: dict[str, list[Histogram]] = {}
+    for worker, hists in after.items():
+        for lane, hist in hists.items():
+            earlier = before.get(worker, {}).get(lane, Histogram({}, 0.0))
+            lanes.setdefault(lane, []).append(hist.minus(earlier))
+    return {lane: merge(hs).to_json() for lane, hs in lanes.items()}
+
+
+def cdf(samples: list[float]) -> list[float]:
+    if not samples:
+        return []
+    qs = np.linspace(0, 100, CDF_POINTS + 1)
+    return [round(float(v), 2) for v in np.percentile(np.asarray(samples), qs)]
+
+
+def timeline(results: list[dict[str, Any]], bin_s: float = 0.5) -> list[list[float]]:
+    """Worst partial latency of the live streams in each ``bin_s`` of the window."""
+    worst: dict[int, float] = {}
+    for r in results:
+        if r["kind"] != "live":
+            continue
+        for at, ms in zip(r["partial_at_s"], r["partial_ms"], strict=True):
+            b = int(at / bin_s)
+            worst[b] = max(worst.get(b, 0.0), ms)
+    return [[round(b * bin_s, 2), round(v, 1)] for b, v in sorted(worst.items())]
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    live = [r for r in results if r["kind"] == "live"]
+    dumps = [r for r in results if r["kind"] == "dump"]
+    partial = [v for r in live for v in r["partial_ms"]]
+    out: dict[str, Any] = {
+        "live_streams": len(live),
+        "lanes_seen": sorted({r["lane"] for r in results if r["lane"]}),
+        "errors": dict(Counter(r["error"] for r in results if r["error"])),
+        "audio_s_sent": round(sum(r["audio_s_sent"] for r in live), 1),
+        "partial_ms": summary(partial),
+        "first_partial_ms": summary([v for r in live for v in r["first_partial_ms"]]),
+        "final_ms": summary([v for r in live for v in r["final_ms"]]),
+        "final_words": sum(r["final_words"] for r in live),
+        "finals_without_audio_end": sum(r["finals_without_audio_end"] for r in live),
+        "partial_cdf_ms": cdf(partial),
+        "timeline_worst_ms": timeline(results),
+    }
+    if dumps:
+        out["dump"] = {"dumps": sum(len(r["dump_done_s"]) for r in dumps),
+                       "end_to_done_s": [round(v, 2) for r in dumps for v in r["dump_done_s"]],
+                       "partial_ms": summary([v for r in dumps for v in r["partial_ms"]])}
+    return out
+
+
+async def window(stack: Stack, name: str, specs: list[StreamSpec], workdir: Path,
+                 duration_s: float) -> dict[str, Any]:
+    """One measured window: scrape, load, scrape; client and server figures together."""
+    before = await scrape(stack)
+    cpu0, t0 = stack.gateway.cpu_seconds(), time.monotonic()
+    results = await run_load(specs, workdir, name, timeout_s=duration_s + 180)
+    cpu1, t1 = stack.gateway.cpu_seconds(), time.monotonic()
+    after = await scrape(stack)
+    stack.check_alive()
+    out = summarize(results)
+    out["steps"] = step_delta(before, after)
+    out["gateway_cpu_s"] = round(cpu1 - cpu0, 3)
+    out["wall_s"] = round(t1 - t0, 2)
+    print(f"  [{stack.plan.design}/{name}] partial {out['partial_ms']} errors {out['errors']}",
+          flush=True)
+    return out
+
+
+# --- batch jobs -----------------------------------------------------------------
+
+
+async def submit(stack: Stack, files: list[Path]) -> list[str]:
+    ids = []
+    async with aiohttp.ClientSession() as http:
+        for path in files:
+            form = aiohttp.FormData()
+            form.add_field("async", "true")
+            form.add_field("file", path.read_bytes(), filename=path.name,
+                           content_type="audio/wav")
+            async with http.post(stack.url + "/v1/transcriptions", data=form) as r:
+                body = await r.json()
+                if r.status != 202:
+                    raise RuntimeError(f"upload refused: {r.status} {body}")
+                ids.append(str(body["id"]))
+    return ids
+
+
+async def jobs(stack: Stack, ids: list[str]) -> list[dict[str, Any]]:
+    out = []
+    async with aiohttp.ClientSession() as http:
+        for job_id in ids:
+            async with http.get(f"{stack.url}/v1/transcriptions/{job_id}") as r:
+                out.append(await r.json())
+    return out
+
+
+async def wait_jobs(stack: Stack, ids: list[str], timeout_s: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = await jobs(stack, ids)
+        if all(j["status"] in ("completed", "failed", "cancelled") for j in state) \
+                or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.5)
+
+
+def throughput(state: list[dict[str, Any]], now: float | None = None) -> dict[str, Any]:
+    """Audio seconds transcribed per wall second: completed jobs over their span, or,
+    when ``now`` is given, audio done so far (progress) over the time since the first start."""
+    started = [j["started_at"] for j in state if j.get("started_at")]
+    if not started:
+        return {"jobs": len(state), "completed": 0, "audio_s_per_wall_s": None}
+    done = [j for j in state if j["status"] == "completed"]
+    if now is None:
+        audio = sum(float(j["audio_seconds"]) for j in done)
+        end = max((j["finished_at"] for j in done), default=min(started))
+    else:
+        audio = sum(float(j["audio_seconds"]) * float(j["progress"]) for j in state)
+        end = now
+    span = end - min(started)
+    return {"jobs": len(state), "completed": len(done), "audio_s": round(audio, 2),
+            "span_s": round(span, 2),
+            "audio_s_per_wall_s": round(audio / span, 3) if span > 0 else None,
+            "statuses": dict(Counter(j["status"] for j in state))}

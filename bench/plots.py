@@ -1,0 +1,128 @@
+"""PNG plots from results.json: latency CDFs, step-duration histograms, stalls over time."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+GROUPS = (  # (title, [(results key, label)])
+    ("1: live streams + batch flood (pocketsphinx)",
+     [("s1_alone", "alone"), ("s1_split", "split + flood"), ("s1_mixed", "mixed + flood")]),
+    ("2: live streams + a 10 s dump (pocketsphinx)",
+     [("s2_split", "split (cap)"), ("s2_split_nocap", "split-nocap")]),
+    ("4: 200 streams + 400 ms prefills (simulated)",
+     [("s4_sim-cap", "cap"), ("s4_sim-nocap", "no cap")]),
+    ("5: gateway overhead (simulated, free)",
+     [("s5_direct", "direct to workers"), ("s5_via_gateway", "through the gateway")]),
+)
+RED_LINE_MS = 300.0
+
+
+def _present(r: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
+    return [(t, [(k, lbl) for k, lbl in items if k in r]) for t, items in GROUPS
+            if any(k in r for k, _ in items)]
+
+
+def latency_cdf(r: dict[str, Any], path: Path) -> None:
+    groups = _present(r)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for ax, (title, items) in zip(axes[0], groups, strict=True):
+        for key, label in items:
+            cdf = r[key]["partial_cdf_ms"]
+            if not cdf:
+                continue
+            ys = [100 * i / (len(cdf) - 1) for i in range(len(cdf))]
+            p99 = r[key]["partial_ms"]["p99"]
+            ax.plot([max(v, 0.1) for v in cdf], ys, label=f"{label} (p99 {p99:.0f} ms)")
+        ax.axvline(RED_LINE_MS, color="red", linestyle="--", linewidth=1, label="300 ms")
+        ax.axhline(99, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("partial latency (ms, log)")
+        ax.set_ylabel("% of partials at or below")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bucket_fractions(buckets: dict[str, int]) -> tuple[list[str], list[float]]:
+    """Non-cumulative share of steps per bucket, labelled by upper bound in ms."""
+    edges = sorted(buckets, key=lambda k: math.inf if k == "+Inf" else float(k))
+    total = buckets.get("+Inf", 0) or 1
+    labels, shares, prev = [], [], 0
+    for e in edges:
+        labels.append("inf" if e == "+Inf" else f"{float(e) * 1000:g}")
+        shares.append(100 * (buckets[e] - prev) / total)
+        prev = buckets[e]
+    return labels, shares
+
+
+def _steps(res: dict[str, Any]) -> dict[str, Any]:
+    steps: dict[str, Any] = res.get("steps", {})
+    return steps.get("realtime") or steps.get("mixed") or {}
+
+
+def step_histogram(r: dict[str, Any], path: Path) -> None:
+    groups = [(t, [(k, lbl) for k, lbl in items if _steps(r[k]).get("count")])
+              for t, items in _present(r)]
+    groups = [g for g in groups if g[1]]
+    if not groups:
+        return
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for ax, (title, items) in zip(axes[0], groups, strict=True):
+        width = 0.8 / len(items)
+        for i, (key, label) in enumerate(items):
+            st = _steps(r[key])
+            labels, shares = _bucket_fractions(st["buckets"])
+            xs = [x + i * width for x in range(len(labels))]
+            ax.bar(xs, shares, width=width, label=f"{label} (n={st['count']})")
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))])
+        ax.set_xticklabels(labels, rotation=60, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xlabel("step duration bucket, upper bound (ms)")
+        ax.set_ylabel("% of steps (log)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def timeline(r: dict[str, Any], path: Path) -> None:
+    groups = [g for g in _present(r) if g[0][0] in "124"]
+    if not groups:
+        return
+    fig, axes = plt.subplots(len(groups), 1, figsize=(10, 2.6 * len(groups)), squeeze=False)
+    for ax, (title, items) in zip(axes[:, 0], groups, strict=True):
+        for key, label in items:
+            tl = r[key]["timeline_worst_ms"]
+            ax.plot([t for t, _ in tl], [max(v, 0.1) for _, v in tl], label=label,
+                    linewidth=1)
+        ax.axhline(RED_LINE_MS, color="red", linestyle="--", linewidth=1, label="300 ms")
+        ax.set_yscale("log")
+        ax.set_ylabel("worst partial (ms)")
+        ax.set_title(title + ": worst partial latency per 0.5 s", fontsize=10)
+        ax.legend(fontsize=8, loc="upper right")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[-1, 0].set_xlabel("seconds into the window")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def make_all(doc: dict[str, Any], out: Path) -> list[Path]:
+    r = doc["results"]
+    paths = [out / "latency_cdf.png", out / "step_histogram.png", out / "timeline.png"]
+    latency_cdf(r, paths[0])
+    step_histogram(r, paths[1])
+    timeline(r, paths[2])
+    return [p for p in paths if p.exists()]

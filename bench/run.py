@@ -1,0 +1,254 @@
+"""The scenarios: each starts the stack in the designs it compares and measures them in turn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import audio, measure
+from bench.measure import dump_spec, live_specs, stream_url, window, worker_session_url
+from bench.stack import Stack, StackPlan, WorkerPlan
+
+ALL_SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6")
+
+
+@dataclass
+class Options:
+    out: Path = Path("bench/results")
+    workdir: Path = Path("bench/.work")
+    scenarios: tuple[str, ...] = ALL_SCENARIOS
+    duration_s: float = 40.0  # each pocketsphinx measuring window
+    streams: int = 4  # live pocketsphinx streams
+    flood_jobs: int = 4
+    flood_job_s: float = 200.0  # seconds of audio per flood upload
+    dump_s: float = 10.0
+    dump_every_s: float = 10.0
+    sim_streams: int = 200
+    sim_duration_s: float = 40.0
+    sim_dump_s: float = 200.0  # the simulated long prefill: 200 s x 0.02 ms/frame = 400 ms
+    scale_streams: int = 500
+    scale_duration_s: float = 30.0
+    vad_seconds: float = 3600.0
+    rt_cpus: str = "0"
+    batch_cpus: str = "1"
+    wav: Path | None = None  # speech for the live streams instead of espeak-ng sentences
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+#: settings every stack gets: the load needs more than the per-key default of
+#: 16 sessions (auth is off, so all streams count against one anonymous key).
+COMMON_ENV = {"LANEGATE_MAX_SESSIONS_PER_KEY": "100000", "LANEGATE_LOG_LEVEL": "warning",
+              "LANEGATE_DRAIN_TIMEOUT_S": "2"}
+
+
+def ps_plan(design: str, o: Options) -> StackPlan:
+    """A pocketsphinx stack: split / split-nocap (two pinned workers) or mixed (one)."""
+    env = {**COMMON_ENV, "LANEGATE_ENGINE": "pocketsphinx"}
+    if design == "mixed":
+        return StackPlan(design, {**env, "LANEGATE_LANES": "mixed"},
+                         [WorkerPlan("mixed", o.rt_cpus)])
+    if design == "split-nocap":
+        env["LANEGATE_CHUNK_CAP"] = "false"
+    return StackPlan(design, {**env, "LANEGATE_LANES": "split"},
+                     [WorkerPlan("realtime", o.rt_cpus), WorkerPlan("batch", o.batch_cpus)])
+
+
+def sim_plan(design: str, o: Options, *, cap: bool) -> StackPlan:
+    env = {**COMMON_ENV, "LANEGATE_ENGINE": "simulated", "LANEGATE_LANES": "split",
+           "LANEGATE_CHUNK_CAP": "true" if cap else "false",
+           "LANEGATE_SLOTS": str(o.sim_streams + 16),
+           "LANEGATE_SIM_STEP_FIXED_MS": "3.0", "LANEGATE_SIM_PREFILL_FRAME_MS": "0.02",
+           "LANEGATE_SIM_DECODE_SEQ_MS": "0.05",
+           # a 200 s dump is 6.4 MB in one frame
+           "LANEGATE_MAX_FRAME_BYTES": str(int(o.sim_dump_s * 32000) + 1_048_576)}
+    return StackPlan(design, env, [WorkerPlan("realtime", o.rt_cpus)])
+
+
+def free_plan(o: Options) -> StackPlan:
+    """Two simulated workers whose steps cost nearly nothing, behind one gateway."""
+    slots = o.scale_streams // 2 + 32
+    env = {**COMMON_ENV, "LANEGATE_ENGINE": "simulated", "LANEGATE_LANES": "split",
+           "LANEGATE_SLOTS": str(slots), "LANEGATE_SIM_STEP_FIXED_MS": "0.0",
+           "LANEGATE_SIM_PREFILL_FRAME_MS": "0.0", "LANEGATE_SIM_DECODE_SEQ_MS": "0.0"}
+    return StackPlan("sim-free", env, [WorkerPlan("realtime"), WorkerPlan("realtime")])
+
+
+@dataclass
+class Bench:
+    o: Options
+    results: dict[str, Any] = field(default_factory=dict)
+    stacks: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def work(self) -> Path:
+        return self.o.workdir / "run"
+
+    def speech_pcm(self, name: str, seconds: float, seed: int) -> Path:
+        path = self.o.workdir / f"{name}.pcm"
+        if self.o.wav is not None:
+            path.write_bytes(audio.read_wav(self.o.wav))
+        elif not path.exists():
+            path.write_bytes(audio.speech(seconds, self.o.workdir, seed=seed))
+        return path
+
+    def flood_files(self) -> list[Path]:
+        """The flood: the same long recording uploaded ``flood_jobs`` times (so the
+        ceiling, measured on that one recording, is for exactly the same audio)."""
+        return [audio.upload_file(self.o.flood_job_s, self.o.workdir, 0)] * self.o.flood_jobs
+
+    def stack(self, plan: StackPlan) -> Stack:
+        return Stack(plan, self.work)
+
+    def record(self, stack: Stack) -> None:
+        self.stacks.append(stack.describe())
+
+    # --- pocketsphinx: scenarios 1, 2, 3 ------------------------------------------
+
+    async def ceiling(self) -> None:
+        files = [str(self.flood_files()[0])]
+        proc = await asyncio.create_subprocess_exec(
+            "taskset", "-c", self.o.batch_cpus, sys.executable, "-m", "bench.ceiling", *files,
+            stdout=subprocess.PIPE)
+        stdout, _ = await proc.communicate()
+        self.results["ceiling"] = json.loads(stdout)
+        print(f"ceiling: {self.results['ceiling']}", flush=True)
+
+    async def split(self) -> None:
+        want = set(self.o.scenarios)
+        live = self.speech_pcm("live", 180, 1)
+        d = self.o.duration_s
+        async with self.stack(ps_plan("split", self.o)) as stack:
+            self.record(stack)
+            url = stream_url(stack.url)
+            if "s1" in want:
+                self.results["s1_alone"] = await window(
+                    stack, "alone", live_specs(url, self.o.streams, d, live), self.work, d)
+            if "s2" in want:
+                self.results["s2_split"] = await self.dump_window(stack, url, live)
+            if want & {"s1", "s3"}:
+                await self.flood_window(stack, url, live, "s1_split")
+
+    async def dump_window(self, stack: Stack, url: str, live: Path) -> dict[str, Any]:
+        d = self.o.duration_s
+        specs = live_specs(url, self.o.streams, d, live)
+        specs.append(dump_spec(url, live, dump_s=self.o.dump_s, every_s=self.o.dump_every_s,
+                               start_s=3.0, duration_s=d - 6.0))
+        return await window(stack, "dump", specs, self.work, d)
+
+    async def flood_window(self, stack: Stack, url: str, live: Path, key: str) -> None:
+        d = self.o.duration_s
+        ids = await measure.submit(stack, self.flood_files())
+        await asyncio.sleep(2.0)  # let the batch lane get going
+        self.results[key] = await window(
+            stack, "flood", live_specs(url, self.o.streams, d, live), self.work, d)
+        state = await measure.jobs(stack, ids)
+        self.results[key]["batch_during_window"] = measure.throughput(state, time.time())
+        if key == "s1_split" and "s3" in self.o.scenarios:
+            state = await measure.wait_jobs(stack, ids, timeout_s=300)
+            self.results["s3_split_batch"] = measure.throughput(state)
+
+    async def nocap(self) -> None:
+        live = self.speech_pcm("live", 180, 1)
+        async with self.stack(ps_plan("split-nocap", self.o)) as stack:
+            self.record(stack)
+            self.results["s2_split_nocap"] = await self.dump_window(
+                stack, stream_url(stack.url), live)
+
+    async def mixed(self) -> None:
+        live = self.speech_pcm("live", 180, 1)
+        async with self.stack(ps_plan("mixed", self.o)) as stack:
+            self.record(stack)
+            await self.flood_window(stack, stream_url(stack.url), live, "s1_mixed")
+
+    # --- simulated engine: scenarios 4, 5 --------------------------------------------
+
+    async def sim(self, cap: bool) -> None:
+        design = "sim-cap" if cap else "sim-nocap"
+        live = self.speech_pcm("live", 180, 1)
+        dump = self.speech_pcm("long", self.o.sim_dump_s + 20, 2)
+        d = self.o.sim_duration_s
+        async with self.stack(sim_plan(design, self.o, cap=cap)) as stack:
+            self.record(stack)
+            url = stream_url(stack.url)
+            specs = live_specs(url, self.o.sim_streams, d, live, ramp_s=5.0)
+            specs.append(dump_spec(url, dump, dump_s=self.o.sim_dump_s, every_s=10.0,
+                                   start_s=8.0, duration_s=d - 12.0))
+            self.results[f"s4_{design}"] = await window(stack, "prefill", specs, self.work, d)
+
+    async def scale(self) -> None:
+        live = self.speech_pcm("live", 180, 1)
+        n, d = self.o.scale_streams, self.o.scale_duration_s
+        async with self.stack(free_plan(self.o)) as stack:
+            self.record(stack)
+            gw = await window(stack, "via-gateway",
+                              live_specs(stream_url(stack.url), n, d, live, ramp_s=5.0),
+                              self.work, d)
+            workers = await stack.realtime_workers()
+            specs = [s for k, w in enumerate(workers) for s in
+                     live_specs(worker_session_url(w.url), n, d, live, ramp_s=5.0)
+                     [k::len(workers)]]
+            direct = await window(stack, "direct", specs, self.work, d)
+        self.results["s5_via_gateway"] = gw
+        self.results["s5_direct"] = direct
+
+    # --- VAD: scenario 6 --------------------------------------------------------------
+
+    async def vad(self) -> None:
+        code = ("import json, sys; from bench.vad_speed import measure_vad_speed; "
+                "print(json.dumps(measure_vad_speed(float(sys.argv[1]))))")
+        proc = await asyncio.create_subprocess_exec(
+            "taskset", "-c", self.o.batch_cpus, sys.executable, "-c", code,
+            str(self.o.vad_seconds), stdout=subprocess.PIPE)
+        stdout, _ = await proc.communicate()
+        lines = stdout.decode().strip().splitlines()
+        self.results["s6_vad"] = json.loads(lines[-1]) if proc.returncode == 0 and lines \
+            else {"error": f"exit {proc.returncode}"}
+        self.results["s6_vad"]["cpus"] = self.o.batch_cpus
+        print(f"vad: {self.results['s6_vad']}", flush=True)
+
+    # --- the whole run -----------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        self.work.mkdir(parents=True, exist_ok=True)
+        want = set(self.o.scenarios)
+        steps: list[tuple[bool, Any]] = [
+            (bool(want & {"s1", "s3"}), self.ceiling),
+            (bool(want & {"s1", "s2", "s3"}), self.split),
+            ("s2" in want, self.nocap),
+            ("s1" in want, self.mixed),
+            ("s4" in want, lambda: self.sim(True)),
+            ("s4" in want, lambda: self.sim(False)),
+            ("s5" in want, self.scale),
+            ("s6" in want, self.vad),
+        ]
+        started = time.time()
+        for enabled, step in steps:
+            if enabled:
+                await step()
+        self.results["run_wall_s"] = round(time.time() - started, 1)
+        return self.results
+
+
+def run(o: Options) -> dict[str, Any]:
+    from bench import report
+
+    os.makedirs(o.out, exist_ok=True)
+    machine = report.machine()
+    bench = Bench(o)
+    results = asyncio.run(bench.run())
+    doc = {"machine": machine, "options": o.to_json(), "stacks": bench.stacks,
+           "results": results}
+    doc["verdicts"] = report.verdicts(doc)
+    path = Path(o.out) / "results.json"
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {path}", flush=True)
+    return doc
