@@ -226,15 +226,22 @@ async def query(http: aiohttp.ClientSession, base: str, expr: str) -> list[dict[
     return result
 
 
-async def until_series(http: aiohttp.ClientSession, base: str, expr: str) -> list[dict[str, Any]]:
-    """Evaluate until the expression returns series or SETTLE_S passes (scrapes are 1 s
-    apart; this waits for data, it asserts nothing about speed)."""
+async def until_series(
+    http: aiohttp.ClientSession, base: str, expr: str,
+    enough: Callable[[list[dict[str, Any]]], bool] = bool,
+) -> list[dict[str, Any]]:
+    """Evaluate until the result is ``enough`` (default: any series) or SETTLE_S passes
+    (scrapes are 1 s apart; this waits for data, it asserts nothing about speed)."""
     deadline = time.monotonic() + SETTLE_S
     while True:
         result = await query(http, base, expr)
-        if result or time.monotonic() > deadline:
+        if enough(result) or time.monotonic() > deadline:
             return result
         await asyncio.sleep(1.0)
+
+
+def _jobs(result: list[dict[str, Any]]) -> set[str]:
+    return {r["metric"].get("job", "") for r in result}
 
 
 # --- traffic ---------------------------------------------------------------------------
@@ -342,12 +349,24 @@ async def _exercise(stack: Stack, pcm: bytes, rate: int, wav_bytes: bytes) -> No
         missing = []
         for family, jobs in EXPECTED_EXPORTERS.items():
             sample = family + ("_count" if f"{family}_bucket" in defined_metrics() else "")
-            found = await until_series(http, prom, f"count by (job) ({sample})")
-            exporters = {r["metric"].get("job", "") for r in found}
+
+            def covers(result: list[dict[str, Any]], wanted: set[str] = jobs) -> bool:
+                return wanted <= _jobs(result)
+
+            found = await until_series(http, prom, f"count by (job) ({sample})", covers)
+            exporters = _jobs(found)
             if not jobs <= exporters:
                 missing.append(f"{family}: expected from {sorted(jobs)}, "
                                f"exported by {sorted(exporters)}")
-        assert not missing, "metrics not exported:\n" + "\n".join(missing)
+        if missing:
+            exposition = []
+            for scrape_job, port in stack.ports.items():
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    text = await resp.text()
+                exposition += [f"{scrape_job}: {line}" for line in text.splitlines()
+                               if line.startswith("lanegate_") and "_bucket" not in line]
+            raise AssertionError("metrics not exported:\n" + "\n".join(missing)
+                                 + "\n/metrics now:\n" + "\n".join(exposition))
 
         # the label contract: lane on every series, worker on every worker series
         no_lane = await query(http, prom, '{__name__=~"lanegate_.+", lane=""}')
