@@ -157,16 +157,17 @@ def _granularities(upload: Upload) -> frozenset[str]:
 # --- rendering ----------------------------------------------------------------------------
 
 
-def render(transcript: Transcript, options: OpenAIOptions) -> web.Response:
+def render(transcript: Transcript, options: OpenAIOptions,
+           headers: dict[str, str]) -> web.Response:
     fmt = options.response_format
     if fmt in ("text", "srt", "vtt"):
         return web.Response(text=transcript.render(fmt), content_type=CONTENT_TYPES[fmt],
-                            charset="utf-8")
+                            charset="utf-8", headers=headers)
     usage = {"type": "duration", "seconds": math.ceil(transcript.duration)}
     if fmt == "json":
-        return web.json_response({"text": transcript.text, "usage": usage})
+        return web.json_response({"text": transcript.text, "usage": usage}, headers=headers)
     return web.json_response({**verbose_json(transcript, options.granularities),
-                              "usage": usage})
+                              "usage": usage}, headers=headers)
 
 
 def verbose_json(transcript: Transcript, granularities: frozenset[str]) -> dict[str, Any]:
@@ -202,11 +203,11 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         upload = await take_upload(request, fields=FIELDS, strict=False, raw_allowed=False)
         options = _options_or_cleanup(request, upload)
         decoded = await decode_taken(request, upload)
-        transcript = await _transcribe(request, tenant, upload, decoded, options)
+        transcript, headers = await _transcribe(request, tenant, upload, decoded, options)
     except UploadError as exc:
         count_rejection(exc)
         raise openai_error(exc) from None
-    return render(transcript, options)
+    return render(transcript, options, headers)
 
 
 def _options_or_cleanup(request: web.Request, upload: Upload) -> OpenAIOptions:
@@ -218,20 +219,22 @@ def _options_or_cleanup(request: web.Request, upload: Upload) -> OpenAIOptions:
 
 
 async def _transcribe(request: web.Request, tenant: str, upload: Upload,
-                      decoded: DecodedAudio, options: OpenAIOptions) -> Transcript:
+                      decoded: DecodedAudio,
+                      options: OpenAIOptions) -> tuple[Transcript, dict[str, str]]:
+    """The transcript and the response headers naming the lane (and job) that made it."""
     route = route_upload(decoded.seconds, async_requested=False,
                          settings=request.app[SETTINGS])
     if route.sync:
         transcript = await transcribe_now(request, upload.upload_id, decoded, options.language)
         if transcript is not None:
-            return transcript
+            return transcript, {"X-Lanegate-Lane": "realtime"}
         route = busy_fallback()
     return await _through_batch(request, tenant, upload, decoded, options, route)
 
 
 async def _through_batch(request: web.Request, tenant: str, upload: Upload,
                          decoded: DecodedAudio, options: OpenAIOptions,
-                         route: Route) -> Transcript:
+                         route: Route) -> tuple[Transcript, dict[str, str]]:
     """Queue a batch job and wait for it: long audio never goes to the realtime lane."""
     job, _ = await submit_job(request, tenant, upload, decoded, route,
                               language=options.language, response_format="json",
@@ -248,7 +251,7 @@ async def _through_batch(request: web.Request, tenant: str, upload: Upload,
     if job.status == "completed":
         transcript = await jobs.result(job.id, tenant)
         if transcript is not None:
-            return transcript
+            return transcript, {"X-Lanegate-Lane": "batch", **headers}
         raise UploadError(500, "result_gone", f"job {job.id} completed but its result is gone",
                           headers=headers)
     if job.status == "failed":
