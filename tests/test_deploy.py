@@ -451,3 +451,15 @@ def test_compose_yaml_parses_with_plain_yaml_too() -> None:
     # the base file uses no custom tags, so any YAML tool (and Compose v1) reads it
     with (ROOT / "docker-compose.yml").open() as f:
         assert yaml.safe_load(f)["services"]
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    for name, dash in dashboards().items():
+        cells: dict[tuple[int, int], str] = {}
+        for panel in panels(dash):
+            grid = panel["gridPos"]
+            assert grid["x"] + grid["w"] <= 24, f"{name}: {panel['title']} is too wide"
+            for x in range(grid["x"], grid["x"] + grid["w"]):
+                for y in range(grid["y"], grid["y"] + grid["h"]):
+                    other = cells.setdefault((x, y), panel["title"])
+                    assert other == panel["title"], f"{name}: {other} overlaps {panel['title']}"
