@@ -463,3 +463,27 @@ def test_dashboard_panels_do_not_overlap() -> None:
                 for y in range(grid["y"], grid["y"] + grid["h"]):
                     other = cells.setdefault((x, y), panel["title"])
                     assert other == panel["title"], f"{name}: {other} overlaps {panel['title']}"
+
+
+#: the Compose service keys this deployment uses (a typo would be ignored by YAML
+#: and only fail on a machine with a Docker engine)
+SERVICE_KEYS = frozenset({
+    "build", "image", "command", "environment", "ports", "expose", "volumes",
+    "healthcheck", "deploy", "depends_on", "restart", "stop_grace_period", "cpuset",
+})
+HEALTHCHECK_KEYS = frozenset({"test", "interval", "timeout", "retries", "start_period"})
+
+
+def test_compose_uses_only_known_keys() -> None:
+    for data in (compose(), compose_cpu()):
+        assert set(data) <= {"name", "services", "volumes"} | {
+            k for k in data if k.startswith("x-")}
+        for name, svc in data["services"].items():
+            assert set(svc) <= SERVICE_KEYS, f"{name}: {set(svc) - SERVICE_KEYS}"
+            assert set(svc.get("healthcheck", {})) <= HEALTHCHECK_KEYS, name
+            assert svc["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL"), name
+            assert set(svc.get("deploy", {})) <= {"resources", "replicas"}, name
+            for device in (svc.get("deploy", {}).get("resources", {})
+                           .get("reservations", {}).get("devices", [])):
+                assert set(device) <= {"driver", "device_ids", "count", "capabilities"}
+                assert "gpu" in device["capabilities"]
