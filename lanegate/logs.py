@@ -8,6 +8,7 @@ from typing import Any
 
 import structlog
 
+_HANDLER_NAME = "lanegate-json"
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
 
@@ -31,8 +32,11 @@ def configure_logging(level: str = "info", **context: Any) -> None:
             structlog.processors.JSONRenderer(),
         ],
     ))
+    handler.set_name(_HANDLER_NAME)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    # replace only our own handler (others, such as pytest's capture, stay)
+    root.handlers[:] = [h for h in root.handlers if h.get_name() != _HANDLER_NAME]
+    root.addHandler(handler)
     root.setLevel(numeric)
     logging.captureWarnings(True)
     structlog.configure(
