@@ -63,7 +63,7 @@ BACKOFF_MAX_S = 5.0
 #: VAD reads the audio file in pieces this long
 READ_CHUNK_S = 10
 _END = object()
-REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
 
 log = get_logger("workers.batch")
 
@@ -173,7 +173,7 @@ class BatchConsumer:
         self.queue = JobQueue(redis, settings, self.worker_id)
         self.blobs = BlobStore(settings.blob_path)
         self.vad = VadSettings.from_settings(settings)
-        self._decode: Decode = decode or self.engine_decode
+        self._custom_decode = decode
         self._held: dict[str, HeldJob] = {}
         self._next_reclaim = 0.0
         self._backoff = BACKOFF_MIN_S
@@ -341,27 +341,49 @@ class BatchConsumer:
         try:
             pcms = [read_segment(h.path, h.segments[i]) for h, i in batch]
         except OSError as exc:  # the blob vanished: most likely cancelled just now
-            for held in {h for h, _ in batch}:
-                held.dispatched = len(held.results)
+            _undispatch(batch)
             await self._check()
             await self._fail_vanished(batch, exc)
             return
         audio_s = sum(len(p) for p in pcms) / SAMPLE_WIDTH / ENGINE_SAMPLE_RATE
         started = time.perf_counter()
         try:
-            hyps = await self._decode(pcms)
-            if len(hyps) != len(pcms):
-                raise RuntimeError(f"engine returned {len(hyps)} results for {len(pcms)}")
+            await self._decode_batch(batch, pcms)
+        except REDIS_ERRORS:
+            _undispatch(batch)  # decoded segments are kept; the rest go in a later batch
+            raise
         except Exception as exc:  # an engine error costs the jobs in the batch an attempt
             await self._engine_failed(batch, exc)
             return
+        except BaseException:
+            _undispatch(batch)
+            raise
         elapsed = time.perf_counter() - started
-        self._observe_batch(audio_s, elapsed, len(pcms), len({h for h, _ in batch}))
-        for (held, index), hyp in zip(batch, hyps, strict=True):
+        self._observe_batch(audio_s, elapsed, len(pcms), len(_unique(h for h, _ in batch)))
+
+    async def _decode_batch(self, batch: list[tuple[HeldJob, int]], pcms: list[bytes]) -> None:
+        """Decode and record results; progress is written as each segment lands
+        (after every segment with the default decode, after the call otherwise)."""
+        if self._custom_decode is not None:
+            hyps = await self._custom_decode(pcms)
+            if len(hyps) != len(pcms):
+                raise RuntimeError(f"decode returned {len(hyps)} results for {len(pcms)}")
+            for (held, index), hyp in zip(batch, hyps, strict=True):
+                held.results.append(to_segment(held.segments[index], hyp))
+            for held in _unique(h for h, _ in batch):
+                await self._write_progress(held)
+            return
+        step = metrics.STEP_DURATION.labels(lane=self.lane, worker=self.worker_id)
+        for (held, index), pcm in zip(batch, pcms, strict=True):
+            t0 = time.perf_counter()
+            hyp = await self._decode_one(pcm)
+            step.observe(time.perf_counter() - t0)
             held.results.append(to_segment(held.segments[index], hyp))
-        for held in _unique(h for h, _ in batch):
-            if not held.ready and held.job_id in self._held:
-                await self.queue.progress(held.delivery, held.attempt, held.progress)
+            await self._write_progress(held)
+
+    async def _write_progress(self, held: HeldJob) -> None:
+        if not held.ready and self._held.get(held.job_id) is held:
+            await self.queue.progress(held.delivery, held.attempt, held.progress)
 
     async def _fail_vanished(self, batch: list[tuple[HeldJob, int]], exc: OSError) -> None:
         for held in _unique(h for h, _ in batch):
@@ -452,14 +474,9 @@ class BatchConsumer:
     # --- engine -------------------------------------------------------------------------
 
     async def engine_decode(self, pcms: list[bytes]) -> list[Hypothesis]:
-        """Default decode: one engine call per segment, each off the event loop."""
-        out: list[Hypothesis] = []
-        step = metrics.STEP_DURATION.labels(lane=self.lane, worker=self.worker_id)
-        for pcm in pcms:
-            started = time.perf_counter()
-            out.append(await self._decode_one(pcm))
-            step.observe(time.perf_counter() - started)
-        return out
+        """The default decode as a ``Decode`` callable: one engine call per segment,
+        each off the event loop (what a mixed worker can reuse)."""
+        return [await self._decode_one(pcm) for pcm in pcms]
 
     async def _decode_one(self, pcm: bytes) -> Hypothesis:
         pieces: Callable[[bytes], Generator[Hypothesis | None, None, None]] | None = getattr(
@@ -489,6 +506,12 @@ class BatchConsumer:
     @property
     def held_jobs(self) -> list[str]:
         return list(self._held)
+
+
+def _undispatch(batch: list[tuple[HeldJob, int]]) -> None:
+    """Segments of an interrupted batch that got no result go back to the pool."""
+    for held in _unique(h for h, _ in batch):
+        held.dispatched = len(held.results)
 
 
 def _unique(items: Iterator[HeldJob] | Any) -> list[HeldJob]:
