@@ -181,6 +181,7 @@ class StreamSession:
         self.ended = False  # no more audio goes to the worker
         self.shutting_down = False
         self.first_partial_seen = False
+        self.lease_held = False
         self.started = time.monotonic()
         self.log = log.bind(session_id=self.session_id, lane=self.lane)
         self.finished = asyncio.Event()
@@ -197,6 +198,7 @@ class StreamSession:
         return True
 
     async def close(self, code: int, message: str = "") -> None:
+        await self._release_lease()  # before the client sees the close: it may reconnect
         if not self.ws.closed:
             with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
                 await self.ws.close(code=code, message=message.encode()[:120])
@@ -236,9 +238,15 @@ class StreamSession:
         except RedisError:
             await self.reject(Failure("overloaded", "service unavailable; try again later"))
             return
+        self.lease_held = True
         try:
             await self._with_worker(sample_rate, language)
         finally:
+            await self._release_lease()
+
+    async def _release_lease(self) -> None:
+        if self.lease_held and self.tenant is not None:
+            self.lease_held = False
             with contextlib.suppress(RedisError):
                 await release_session(self.redis, self.settings, self.tenant, self.session_id)
 

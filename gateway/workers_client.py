@@ -1,7 +1,8 @@
 """The gateway's client for a realtime worker's internal WebSocket session.
 
 ``open_worker_session`` picks a live realtime (or mixed) worker from the Redis
-registry, least loaded first, and opens
+registry, least loaded first (then, because a heartbeat can be a second old, up
+to two workers the registry reports full; a full worker refuses at once), and opens
 ``{worker.url}/internal/v1/session?session_id=S&sample_rate=R&language=L``
 (docs/INTERNALS.md). A worker that answers ``overloaded`` (no free slot, or
 draining) or cannot be reached is skipped and the next one tried, so a stale
@@ -53,6 +54,8 @@ SESSION_PATH = "/internal/v1/session"
 SILENCE_FRACTION = 0.75
 #: pings per silence limit
 PINGS_PER_LIMIT = 5
+#: workers the registry reports full that are still asked (their record may be stale)
+STALE_FULL_TRIES = 2
 
 
 class WorkerError(Exception):
@@ -197,9 +200,10 @@ async def _try_worker(
     url = session_url(worker, session_id=session_id, sample_rate=sample_rate, language=language)
     timeout = settings.worker_lost_timeout_s
     try:
-        ws = await app[HTTP].ws_connect(
-            url, autoping=False, timeout=aiohttp.ClientWSTimeout(ws_close=timeout),
-        )
+        async with asyncio.timeout(timeout):  # a frozen worker never answers the upgrade
+            ws = await app[HTTP].ws_connect(
+                url, autoping=False, timeout=aiohttp.ClientWSTimeout(ws_close=timeout),
+            )
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         log.warning("worker_unreachable", worker=worker.worker_id, session_id=session_id,
                     error=str(exc) or type(exc).__name__)
@@ -235,6 +239,20 @@ async def _first_event(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any] | 
             return None
 
 
+def _next_worker(workers: list[WorkerInfo], tried: frozenset[str]) -> WorkerInfo | None:
+    """The registry's pick; then, since a heartbeat may be a second old, up to
+    ``STALE_FULL_TRIES`` workers it reports full (a full worker refuses at once)."""
+    worker = pick_worker(workers, tried)
+    if worker is not None:
+        return worker
+    full = sorted((w for w in workers if not w.draining and w.worker_id not in tried),
+                  key=lambda w: (w.load, w.step_p99_ms, w.worker_id))
+    stale_tries = sum(1 for w in workers if w.worker_id in tried and w.slots_free <= 0)
+    if not full or stale_tries >= STALE_FULL_TRIES:
+        return None
+    return full[0]
+
+
 async def open_worker_session(
     app: web.Application, *, session_id: str, sample_rate: int, language: str
 ) -> WorkerSession:
@@ -249,7 +267,7 @@ async def open_worker_session(
         raise NoWorkers("no realtime worker is alive")
     tried: set[str] = set()
     refusals: list[str] = []
-    while (worker := pick_worker(workers, frozenset(tried))) is not None:
+    while (worker := _next_worker(workers, frozenset(tried))) is not None:
         tried.add(worker.worker_id)
         result = await _try_worker(app, worker, session_id=session_id,
                                    sample_rate=sample_rate, language=language)

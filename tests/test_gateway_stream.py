@@ -1,0 +1,589 @@
+"""``/v1/stream`` end to end: real redis-server, the gateway and realtime workers as
+subprocesses started like ``lanegate up`` starts them, real pocketsphinx, real
+espeak-ng speech, a real aiohttp WebSocket client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import redis
+from conftest import read_pcm
+from stack import Stack, start_stack
+
+from lanegate.constants import WORKER_KEY, WORKERS_KEY
+
+ONE = "the weather is nice today and the children play outside"
+TWO = "please call me back tomorrow morning about the meeting"
+KEYS = ("alpha", "beta", "gamma")
+MAX_FRAME = 64_000
+FRAME_MS = 100
+#: how long a test waits for one event before it fails (not a latency assertion)
+EVENT_WAIT_S = 30.0
+
+SETTINGS = {
+    "LANEGATE_API_KEYS": ",".join(KEYS),
+    "LANEGATE_MAX_SESSIONS_PER_KEY": "1",
+    "LANEGATE_MAX_FRAME_BYTES": str(MAX_FRAME),
+    "LANEGATE_MAX_SESSION_S": "8",
+    "LANEGATE_IDLE_TIMEOUT_S": "2",
+}
+
+
+#: pocketsphinx with espeak-ng speech recognises ONE at recall 0.44-0.89 and TWO at 0.22-0.44
+#: (it varies with chunk boundaries); the thresholds leave room for that spread
+ONE_RECALL = 0.4
+TWO_RECALL = 0.2
+
+
+def recall(expected: str, got: str) -> float:
+    want = set(expected.split())
+    return len(want & set(got.split())) / len(want)
+
+
+@dataclass
+class Run:
+    events: list[dict[str, Any]] = field(default_factory=list)
+    close_code: int | None = None
+    partials_before_end: int = 0
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+    @property
+    def final_text(self) -> str:
+        return " ".join(e["text"] for e in self.of("final"))
+
+    @property
+    def error(self) -> dict[str, Any]:
+        errors = self.of("error")
+        assert errors, f"no error event in {self.events}"
+        return errors[0]
+
+
+def stream_url(stack: Stack, query: str = "sample_rate=16000") -> str:
+    return stack.url.replace("http://", "ws://") + "/v1/stream?" + query
+
+
+def auth(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+async def collect(ws: aiohttp.ClientWebSocketResponse, run: Run) -> None:
+    while True:
+        msg = await ws.receive(timeout=EVENT_WAIT_S)
+        if msg.type is aiohttp.WSMsgType.TEXT:
+            run.events.append(json.loads(msg.data))
+        elif msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
+                          aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.ERROR):
+            run.close_code = ws.close_code
+            return
+
+
+async def stream_speech(http: aiohttp.ClientSession, stack: Stack, pcm: bytes, rate: int, *,
+                        key: str | None = "alpha", speed: float = 2.0) -> Run:
+    """Send ``pcm`` in 100 ms frames at ``speed`` x real time, then end; all events."""
+    run = Run()
+    async with http.ws_connect(stream_url(stack, f"sample_rate={rate}"),
+                               headers=auth(key)) as ws:
+        receiver = asyncio.create_task(collect(ws, run))
+        step = rate * 2 * FRAME_MS // 1000
+        for offset in range(0, len(pcm), step):
+            await ws.send_bytes(pcm[offset:offset + step])
+            if speed:
+                await asyncio.sleep(FRAME_MS / 1000 / speed)
+        run.partials_before_end = len(run.of("partial"))
+        await ws.send_str('{"type":"end"}')
+        await receiver
+    return run
+
+
+async def one_shot(http: aiohttp.ClientSession, url: str, *, headers: dict[str, str],
+                   send: Callable[[aiohttp.ClientWebSocketResponse], Any] | None = None
+                   ) -> Run:
+    """Open a stream, optionally send something, and collect until the close."""
+    run = Run()
+    async with http.ws_connect(url, headers=headers) as ws:
+        receiver = asyncio.create_task(collect(ws, run))
+        if send is not None:
+            for _ in range(50):  # wait for ready before sending
+                if run.events:
+                    break
+                await asyncio.sleep(0.05)
+            await send(ws)
+        await receiver
+    return run
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def get(url: str) -> tuple[int, dict[str, Any] | str, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            body = resp.read().decode()
+            status, headers = resp.status, dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode()
+        status, headers = exc.code, dict(exc.headers)
+    try:
+        return status, json.loads(body), headers
+    except ValueError:
+        return status, body, headers
+
+
+# --- fixtures -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = start_stack(tmp_path_factory.mktemp("stream-stack"), settings=SETTINGS, batch=False,
+                    realtime_slots=2)
+    yield s
+    s.stop()
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def one(speech: Callable[..., Path]) -> tuple[bytes, int]:
+    return read_pcm(speech(ONE))
+
+
+@pytest.fixture(scope="module")
+def two(speech: Callable[..., Path]) -> tuple[bytes, int]:
+    return read_pcm(speech(TWO))
+
+
+# --- the happy path ----------------------------------------------------------------------
+
+
+async def test_speech_streams_partials_while_sending_and_finals_with_the_words(
+    stack: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int]
+) -> None:
+    pcm, rate = one
+    run = await stream_speech(http, stack, pcm, rate)
+    ready = run.events[0]
+    assert ready["type"] == "ready"
+    assert ready["lane"] == "realtime"
+    assert ready["sample_rate"] == rate
+    assert re.fullmatch(r"[0-9a-f]{32}", ready["session_id"])
+    assert run.partials_before_end > 0, "no partial arrived while audio was being sent"
+    assert recall(ONE, run.final_text) >= ONE_RECALL, run.final_text
+    assert run.events[-1] == {"type": "done"}
+    assert run.close_code == 1000
+    audio_ms = len(pcm) / (rate * 2) * 1000
+    ends = [e["audio_end_ms"] for e in run.of("partial")]
+    assert ends == sorted(ends)
+    assert all(0 < end <= audio_ms + 1 for end in ends)
+    for final in run.of("final"):
+        assert {"segment", "text", "start_ms", "end_ms", "cut"} <= final.keys()
+        assert final["cut"] in ("endpoint", "max_window", "end")
+
+
+async def test_two_concurrent_sessions_get_their_own_text(
+    stack: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int], two: tuple[bytes, int]
+) -> None:
+    run_one, run_two = await asyncio.gather(
+        stream_speech(http, stack, *one, key="alpha"),
+        stream_speech(http, stack, *two, key="beta"),
+    )
+    assert recall(ONE, run_one.final_text) >= ONE_RECALL, run_one.final_text
+    assert recall(TWO, run_two.final_text) >= TWO_RECALL, run_two.final_text
+    assert recall(ONE, run_one.final_text) > recall(ONE, run_two.final_text)
+    assert recall(TWO, run_two.final_text) > recall(TWO, run_one.final_text)
+    assert run_one.of("ready")[0]["session_id"] != run_two.of("ready")[0]["session_id"]
+
+
+async def test_telephony_rate_is_accepted_and_transcribed(
+    stack: Stack, http: aiohttp.ClientSession, speech: Callable[..., Path]
+) -> None:
+    pcm, rate = read_pcm(speech(ONE, rate=8000))
+    run = await stream_speech(http, stack, pcm, rate, speed=0)
+    assert run.of("ready")[0]["sample_rate"] == 8000
+    assert run.final_text.strip()  # recognition quality per rate is the engine tests' job
+    assert run.close_code == 1000
+
+
+# --- auth and limits -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [{}, auth("wrong"), {"Authorization": "Basic alpha"}])
+async def test_missing_or_wrong_key_is_unauthorized_1008(
+    stack: Stack, http: aiohttp.ClientSession, headers: dict[str, str]
+) -> None:
+    run = await one_shot(http, stream_url(stack), headers=headers)
+    assert run.error["code"] == "unauthorized"
+    assert run.close_code == 1008
+    assert not run.of("ready")
+
+
+async def test_api_key_in_the_query_is_accepted(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    async def end(ws: aiohttp.ClientWebSocketResponse) -> None:
+        await ws.send_str('{"type":"end"}')
+
+    run = await one_shot(http, stream_url(stack, "sample_rate=16000&api_key=gamma"),
+                         headers={}, send=end)
+    assert run.events[0]["type"] == "ready"
+    assert run.events[-1] == {"type": "done"}
+    assert run.close_code == 1000
+
+
+@pytest.mark.parametrize("query", ["sample_rate=7999", "sample_rate=48001",
+                                   "sample_rate=abc", "sample_rate=16000&language=e%20n"])
+async def test_bad_query_is_bad_request_1008(
+    stack: Stack, http: aiohttp.ClientSession, query: str
+) -> None:
+    run = await one_shot(http, stream_url(stack, query), headers=auth("alpha"))
+    assert run.error["code"] == "bad_request"
+    assert run.close_code == 1008
+
+
+async def _hold(http: aiohttp.ClientSession, stack: Stack, key: str
+                ) -> aiohttp.ClientWebSocketResponse:
+    ws = await http.ws_connect(stream_url(stack), headers=auth(key))
+    msg = await ws.receive(timeout=EVENT_WAIT_S)
+    assert json.loads(msg.data)["type"] == "ready", msg.data
+    return ws
+
+
+async def test_per_key_session_limit_spans_the_key_and_frees_on_close(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    held = await _hold(http, stack, "alpha")
+    try:
+        run = await one_shot(http, stream_url(stack), headers=auth("alpha"))
+        assert run.error["code"] == "overloaded"
+        assert "max_sessions_per_key" in run.error["message"]
+        assert run.close_code == 1013
+        other = await _hold(http, stack, "beta")  # another key is not affected
+        await other.close()
+    finally:
+        await held.close()
+    for _ in range(100):  # the gateway releases the lease when it sees the close
+        client = redis.Redis(port=stack.redis.port)
+        keys = client.keys("lanegate:sessions:*")
+        counts = [client.zcard(k) for k in keys]
+        client.close()
+        if not any(counts):
+            break
+        await asyncio.sleep(0.05)
+    again = await _hold(http, stack, "alpha")
+    await again.close()
+
+
+async def test_all_slots_busy_is_overloaded_1013_at_once(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    before = get(stack.url + "/metrics")[1]
+    assert isinstance(before, str)
+    first = await _hold(http, stack, "alpha")
+    second = await _hold(http, stack, "beta")
+    try:
+        run = await one_shot(http, stream_url(stack), headers=auth("gamma"))
+        assert run.error["code"] == "overloaded"
+        assert run.close_code == 1013
+    finally:
+        await first.close()
+        await second.close()
+    after = get(stack.url + "/metrics")[1]
+    assert isinstance(after, str)
+    assert (metric_value(after, "lanegate_rejections_total", reason="overloaded")
+            > metric_value(before, "lanegate_rejections_total", reason="overloaded"))
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+BAD_INPUTS: dict[str, Callable[[aiohttp.ClientWebSocketResponse], Any]] = {}
+
+
+def _bad(name: str) -> Callable[[Callable[[aiohttp.ClientWebSocketResponse], Any]], Any]:
+    def register(fn: Callable[[aiohttp.ClientWebSocketResponse], Any]) -> Any:
+        BAD_INPUTS[name] = fn
+        return fn
+    return register
+
+
+@_bad("bad_json")
+async def _bad_json(ws: aiohttp.ClientWebSocketResponse) -> None:
+    await ws.send_str("{not json")
+
+
+@_bad("unknown_type")
+async def _unknown_type(ws: aiohttp.ClientWebSocketResponse) -> None:
+    await ws.send_str('{"type":"pause"}')
+
+
+@_bad("not_an_object")
+async def _not_an_object(ws: aiohttp.ClientWebSocketResponse) -> None:
+    await ws.send_str("[1, 2, 3]")
+
+
+@_bad("odd_byte_count")
+async def _odd(ws: aiohttp.ClientWebSocketResponse) -> None:
+    await ws.send_bytes(b"\x00" * 3201)
+
+
+@_bad("text_where_audio_belongs")
+async def _text_audio(ws: aiohttp.ClientWebSocketResponse) -> None:
+    await ws.send_str("RIFF$\x00\x00\x00WAVEfmt " + "\x00" * 64)
+
+
+@_bad("audio_after_end")
+async def _after_end(ws: aiohttp.ClientWebSocketResponse) -> None:
+    await ws.send_str('{"type":"end"}')
+    await ws.send_bytes(b"\x00" * 3200)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+async def test_bad_input_is_bad_request_1008_and_spares_other_sessions(
+    stack: Stack, http: aiohttp.ClientSession, two: tuple[bytes, int], case: str
+) -> None:
+    bystander = asyncio.create_task(stream_speech(http, stack, *two, key="beta", speed=4.0))
+    run = await one_shot(http, stream_url(stack), headers=auth("alpha"),
+                         send=BAD_INPUTS[case])
+    if case == "audio_after_end" and run.events[-1] == {"type": "done"}:
+        # the worker may finish the empty stream before the late audio arrives
+        assert run.close_code == 1000
+    else:
+        assert run.error["code"] == "bad_request", run.events
+        assert run.close_code == 1008
+    other = await bystander
+    assert other.events[-1] == {"type": "done"}
+    assert recall(TWO, other.final_text) >= TWO_RECALL
+
+
+async def test_frame_over_max_frame_bytes_is_too_large_1009(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    async def big(ws: aiohttp.ClientWebSocketResponse) -> None:
+        await ws.send_bytes(b"\x00" * (MAX_FRAME + 2))
+
+    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=big)
+    assert run.error["code"] == "too_large"
+    assert run.close_code == 1009
+
+
+async def test_frame_over_the_hard_cap_is_closed_1009_at_the_header(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    async def huge(ws: aiohttp.ClientWebSocketResponse) -> None:
+        await ws.send_bytes(b"\x00" * (MAX_FRAME * 4))
+
+    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=huge)
+    assert run.close_code == 1009
+
+
+async def test_session_over_max_session_s_gets_its_finals_then_timeout(
+    stack: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int]
+) -> None:
+    pcm, rate = one
+    long = pcm + pcm  # 2 x ~5 s > max_session_s = 8
+
+    async def send_all(ws: aiohttp.ClientWebSocketResponse) -> None:
+        step = rate * 2 * FRAME_MS // 1000
+        for offset in range(0, len(long), step):
+            if ws.closed:
+                return
+            await ws.send_bytes(long[offset:offset + step])
+
+    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=send_all)
+    assert run.error["code"] == "timeout"
+    assert "max_session_s" in run.error["message"]
+    assert run.close_code == 1008
+    assert run.of("final"), "the audio before the limit still gets its finals"
+    assert run.events.index(run.of("final")[-1]) < run.events.index(run.error)
+
+
+async def test_idle_stream_is_closed_with_timeout(
+    stack: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int]
+) -> None:
+    pcm, rate = one
+
+    async def a_little(ws: aiohttp.ClientWebSocketResponse) -> None:
+        await ws.send_bytes(pcm[: rate * 2])  # 1 s, then silence on the wire
+
+    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=a_little)
+    assert run.error["code"] == "timeout"
+    assert "idle_timeout_s" in run.error["message"]
+    assert run.close_code == 1008
+
+
+# --- HTTP side ----------------------------------------------------------------------------
+
+
+def test_health_ready_metrics_and_json_errors(stack: Stack) -> None:
+    assert get(stack.url + "/healthz")[:2] == (200, {"status": "ok"})
+    status, body, _ = get(stack.url + "/readyz")
+    assert status == 200
+    assert isinstance(body, dict)
+    assert body["realtime_workers"] == 1
+    status, body, _ = get(stack.url + "/v1/stream")
+    assert status == 426
+    assert isinstance(body, dict)
+    assert body["error"]["code"] == "bad_request"
+    status, body, _ = get(stack.url + "/no/such/route")
+    assert status == 404
+    assert body == {"error": {"code": "not_found", "message": "Not Found"}}
+    status, text, headers = get(stack.url + "/metrics")
+    assert status == 200
+    assert isinstance(text, str)
+    assert headers["Content-Type"].startswith("text/plain")
+    for name in ("lanegate_partial_latency_seconds_count", "lanegate_final_latency_seconds_count",
+                 "lanegate_first_partial_seconds_count"):
+        assert metric_value(text, name, lane="realtime") > 0, name
+    assert metric_value(text, "lanegate_workers", lane="realtime") == 1
+
+
+# --- workers dying and draining ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A gateway with two realtime workers of one slot each."""
+    s = start_stack(tmp_path_factory.mktemp("pair-stack"), batch=False, realtime_slots=1,
+                    settings={"LANEGATE_DRAIN_TIMEOUT_S": "20"})
+    s.spawn("realtime-b", "worker", "--lane", "realtime")
+    _wait_workers(s, 2)
+    yield s
+    s.stop()
+
+
+def _live_workers(s: Stack) -> dict[str, str]:
+    """worker id -> url of the live realtime workers."""
+    client = redis.Redis(port=s.redis.port)
+    try:
+        out = {}
+        for raw in client.smembers(WORKERS_KEY.format(lane="realtime")):
+            record = client.get(WORKER_KEY.format(worker_id=raw.decode()))
+            if record is not None:
+                info = json.loads(record)
+                if not info["draining"]:
+                    out[info["worker_id"]] = info["url"]
+        return out
+    finally:
+        client.close()
+
+
+def _wait_workers(s: Stack, n: int) -> None:
+    deadline = time.monotonic() + 90
+    while len(_live_workers(s)) < n:
+        s.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{n} realtime workers not up\n{s.diagnostics()}")
+        time.sleep(0.2)
+
+
+def _ensure_two_workers(s: Stack) -> None:
+    for name in ("realtime", "realtime-b"):
+        if s.procs[name].popen.poll() is not None:
+            s.spawn(name, "worker", "--lane", "realtime")
+    _wait_workers(s, 2)
+
+
+def _busy_worker_proc(s: Stack) -> str:
+    """The stack process name of the worker whose one slot is taken (live /readyz)."""
+    for worker_id, url in _live_workers(s).items():
+        status, body, _ = get(url + "/readyz")
+        if status == 200 and isinstance(body, dict) and body["slots_free"] == 0:
+            pid = int(worker_id.rsplit("-", 1)[1])
+            for name, proc in s.procs.items():
+                if proc.popen.pid == pid:
+                    return name
+    raise AssertionError("no busy worker found")
+
+
+async def _start_session(http: aiohttp.ClientSession, s: Stack, pcm: bytes
+                         ) -> aiohttp.ClientWebSocketResponse:
+    ws = await http.ws_connect(stream_url(s))
+    assert json.loads((await ws.receive(timeout=EVENT_WAIT_S)).data)["type"] == "ready"
+    await ws.send_bytes(pcm[: 16000 * 2])  # 1 s of speech
+    return ws
+
+
+async def _lost_after(ws: aiohttp.ClientWebSocketResponse, kill: Callable[[], None]
+                      ) -> tuple[Run, float]:
+    run = Run()
+    kill()
+    killed = time.monotonic()
+    await collect(ws, run)
+    return run, time.monotonic() - killed
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+async def test_worker_dying_mid_session_gives_worker_lost_and_the_gateway_carries_on(
+    pair: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int], how: str
+) -> None:
+    _ensure_two_workers(pair)
+    pcm, rate = one
+    ws = await _start_session(http, pair, pcm)
+    victim = pair.procs[_busy_worker_proc(pair)].popen
+    try:
+        run, waited = await _lost_after(
+            ws, lambda: os.kill(victim.pid, getattr(signal, how)))
+        await ws.close()
+        assert run.error["code"] == "worker_lost"
+        assert run.close_code == 1011
+        # worker_lost_timeout_s = 2; the bound here only catches a missing detection
+        assert waited < 2.0 + 1.0
+        assert get(pair.url + "/healthz")[0] == 200
+        after = await stream_speech(http, pair, pcm, rate, key=None, speed=0)
+        assert after.events[-1] == {"type": "done"}
+        assert recall(ONE, after.final_text) >= ONE_RECALL
+    finally:
+        if victim.poll() is None:
+            victim.send_signal(signal.SIGCONT)
+            victim.kill()
+            victim.wait(10)
+
+
+async def test_worker_sigterm_drains_the_session_then_exits_0(
+    pair: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int]
+) -> None:
+    _ensure_two_workers(pair)
+    pcm, rate = one
+    ws = await _start_session(http, pair, pcm)
+    name = _busy_worker_proc(pair)
+    victim = pair.procs[name].popen
+    victim.send_signal(signal.SIGTERM)
+    run = Run()
+    receiver = asyncio.create_task(collect(ws, run))
+    step = rate * 2 * FRAME_MS // 1000
+    for offset in range(rate * 2, len(pcm), step):
+        await ws.send_bytes(pcm[offset:offset + step])
+        await asyncio.sleep(0.02)
+    await ws.send_str('{"type":"end"}')
+    await receiver
+    assert run.events[-1] == {"type": "done"}, run.events
+    assert run.close_code == 1000
+    assert recall(ONE, run.final_text) >= ONE_RECALL, run.final_text
+    assert victim.wait(30) == 0
+    # the other worker takes new sessions
+    after = await stream_speech(http, pair, pcm, rate, key=None, speed=0)
+    assert after.events[-1] == {"type": "done"}
