@@ -38,6 +38,8 @@ DELIVERY_HEADER = "X-Lanegate-Delivery"
 ATTEMPT_HEADER = "X-Lanegate-Attempt"
 #: how often an idle dispatcher looks for due deliveries
 POLL_S = 0.2
+#: longest wait between two looks at an unreachable Redis
+REDIS_BACKOFF_MAX_S = 5.0
 #: most deliveries leased (and sent concurrently) per pass
 LEASE_BATCH = 16
 #: longest wait between two attempts, however many attempts
@@ -89,13 +91,17 @@ class WebhookDispatcher:
         """Deliver due webhooks until ``stop`` is set (Redis outages are waited out)."""
         if not self.settings.webhook_secret:
             log.warning("webhook.unsigned", reason="webhook_secret is empty")
+        backoff = POLL_S
         try:
             while not stop.is_set():
                 try:
                     sent = await self.deliver_due()
-                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                    log.warning("webhook.redis_unavailable", error=str(exc))
-                    sent = 0
+                    backoff = POLL_S
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    log.warning("webhook.redis_unavailable", error=str(exc), retry_in_s=backoff)
+                    await _wait(stop, backoff)
+                    backoff = min(REDIS_BACKOFF_MAX_S, backoff * 2)
+                    continue
                 if not sent:
                     await _wait(stop, POLL_S)
         finally:

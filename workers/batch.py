@@ -164,11 +164,12 @@ class BatchConsumer:
 
     def __init__(self, settings: Settings, redis: aioredis.Redis, engine: BatchEngine, *,
                  lane: str = "batch", decode: Decode | None = None,
-                 worker_id: str | None = None) -> None:
+                 worker_id: str | None = None, webhooks: bool = True) -> None:
         self.settings = settings
         self.redis = redis
         self.engine = engine
         self.lane = lane
+        self.webhooks = webhooks
         self.worker_id = worker_id or settings.worker_id or default_worker_id()
         self.queue = JobQueue(redis, settings, self.worker_id)
         self.blobs = BlobStore(settings.blob_path)
@@ -183,17 +184,24 @@ class BatchConsumer:
     # --- the loop -----------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Process jobs until ``stop`` is set; then hand back what is unfinished."""
-        toucher = asyncio.create_task(self._touch_loop(stop))
+        """Process jobs until ``stop`` is set; then hand back what is unfinished.
+
+        Also runs a ``WebhookDispatcher`` (unless ``webhooks=False``) for as long,
+        so every process that consumes jobs also delivers their webhooks."""
+        done = asyncio.Event()
+        helpers = [asyncio.create_task(self._touch_loop(stop))]
+        if self.webhooks:
+            hooks = WebhookDispatcher(self.redis, self.settings, worker=self.worker_id)
+            helpers.append(asyncio.create_task(hooks.run(done)))
         try:
             await self._until_ok(stop, self._prepare)
             while not stop.is_set():
                 await self._guarded(stop, self._iteration, stop)
             await self._shutdown()
         finally:
-            toucher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await toucher
+            done.set()
+            helpers[0].cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
             self.ready = False
 
     async def _prepare(self) -> None:
@@ -555,9 +563,7 @@ async def _serve(settings: Settings) -> int:
     consumer = BatchConsumer(settings, redis, engine)
     metrics.init_worker_series("batch", consumer.worker_id)
     runner, url = await _start_http(settings, consumer)
-    hooks = WebhookDispatcher(redis, settings, worker=consumer.worker_id)
-    tasks = [asyncio.create_task(_heartbeat(redis, settings, consumer, engine.name, url, stop)),
-             asyncio.create_task(hooks.run(stop))]
+    tasks = [asyncio.create_task(_heartbeat(redis, settings, consumer, engine.name, url, stop))]
     log.info("worker.started", url=url, engine=engine.name)
     try:
         await consumer.run(stop)
