@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -145,6 +146,8 @@ def get(url: str) -> tuple[int, dict[str, Any] | str, dict[str, str]]:
     except urllib.error.HTTPError as exc:
         body = exc.read().decode()
         status, headers = exc.code, dict(exc.headers)
+    except OSError:  # refused: a dead process
+        return 0, "", {}
     try:
         return status, json.loads(body), headers
     except ValueError:
@@ -484,7 +487,7 @@ def _live_workers(s: Stack) -> dict[str, str]:
             record = client.get(WORKER_KEY.format(worker_id=raw.decode()))
             if record is not None:
                 info = json.loads(record)
-                if not info["draining"]:
+                if not info["draining"] and get(info["url"] + "/healthz")[0] == 200:
                     out[info["worker_id"]] = info["url"]
         return out
     finally:
