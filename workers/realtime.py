@@ -167,7 +167,7 @@ class RealtimeWorker:
         # Imported late: only mixed workers need the batch lane.
         batch = importlib.import_module("workers.batch")
         consumer = batch.BatchConsumer(self.settings, self.redis, self.engine, lane="mixed",
-                                       decode=self.loop.submit_batch)
+                                       decode=self.loop.submit_batch, worker_id=self.worker_id)
         await consumer.run(self._stop)
 
     async def _healthz(self, request: web.Request) -> web.Response:

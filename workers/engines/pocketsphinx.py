@@ -113,9 +113,13 @@ class PocketsphinxEngine:
         stream_config = decoder_config(settings, fwdflat=settings.ps_fwdflat)
         self._free: list[Any] = [Decoder(**stream_config) for _ in range(slots)]
         self._lock = threading.Lock()
+        # Every session (and batch segment) starts from the model's own cepstral mean,
+        # so no audio of an earlier session shapes another session's text.
+        self._initial_cmn = self._free[0].get_cmn(False) if self._free else ""
         # The batch decoder keeps the second pass: throughput, not a step beat, is its goal.
         self._batch: Any = Decoder(**decoder_config(settings, fwdflat=True)) \
             if batch_decoder else None
+        self._batch_cmn = self._batch.get_cmn(False) if self._batch is not None else ""
 
     def slots_free(self) -> int:
         return len(self._free)
@@ -124,7 +128,10 @@ class PocketsphinxEngine:
         with self._lock:
             if not self._free:
                 raise NoFreeSlot(f"all {self.slots_total} pocketsphinx slots are in use")
-            stream = PocketsphinxStream(self, self._free.pop())
+            decoder = self._free.pop()
+        if self._initial_cmn:
+            decoder.set_cmn(self._initial_cmn)
+        stream = PocketsphinxStream(self, decoder)
         stream.start()
         return stream
 
@@ -153,6 +160,8 @@ class PocketsphinxEngine:
             raise NoFreeSlot("this engine was built without a batch decoder")
         piece = int(BATCH_PIECE_S * self.sample_rate) * BYTES_PER_SAMPLE
         decoder = self._batch
+        if self._batch_cmn:
+            decoder.set_cmn(self._batch_cmn)
         decoder.start_utt()
         try:
             for off in range(0, len(segment), piece):
