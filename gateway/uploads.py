@@ -184,8 +184,9 @@ def job_response(job: Job, *, status: int = 200,
 
 
 def count_rejection(exc: UploadError, lane: str = "batch") -> None:
-    """Count a refused request in ``lanegate_rejections_total`` by reason."""
-    REJECTIONS.labels(lane=lane, reason=rejection_reason(exc.status, exc.code)).inc()
+    """Count a refused request (4xx, or 504) in ``lanegate_rejections_total`` by reason."""
+    if exc.status < 500 or exc.status == 504:
+        REJECTIONS.labels(lane=lane, reason=rejection_reason(exc.status, exc.code)).inc()
 
 
 def rejection_reason(status: int, code: str) -> str:
@@ -197,7 +198,7 @@ def rejection_reason(status: int, code: str) -> str:
         return "too_long"
     if status in (415, 422):
         return "undecodable"
-    return "bad_request" if status < 500 else "internal"
+    return "bad_request"
 
 
 def native_error(exc: UploadError) -> web.HTTPException:

@@ -48,7 +48,9 @@ RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 #: label values known up front; processes create these series at start (value 0)
 #: with ``init_gateway_series`` / ``init_worker_series`` so that rates and alerts
 #: read 0 instead of "no data" before the first event.
-REJECTION_REASONS = ("unauthorized", "overloaded", "too_large", "bad_request", "timeout")
+REJECTION_REASONS = (
+    "unauthorized", "overloaded", "too_large", "bad_request", "timeout", "too_long", "undecodable",
+)
 SOFT_CUT_REASONS = ("endpoint", "max_window", "end")
 JOB_STATUSES = ("queued", "completed", "failed", "cancelled")
 
