@@ -1,0 +1,247 @@
+"""``lanegate up`` and its Supervisor: real child processes throughout.
+
+The Supervisor's rules are checked with tiny Python children (start failure,
+restart with backoff, ordered stop); ``lanegate up`` itself is run as a real
+subprocess that starts redis-server, the gateway and the workers, streams real
+speech through ``lanegate stream``, and stops on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+from lanegate.settings import Settings
+from lanegate.supervisor import Child, Supervisor, build_children, cpu_split
+
+PY = sys.executable
+ONE = "the weather is nice today and the children play outside"
+
+
+def py_child(name: str, code: str, **kwargs: object) -> Child:
+    return Child(name, [PY, "-c", code], dict(os.environ), **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_child_dying_at_start_stops_the_others_and_fails() -> None:
+    sleeper = py_child("sleeper", "import time; time.sleep(60)")
+    crasher = py_child("crasher", "import sys; sys.exit(3)")
+    supervisor = Supervisor([sleeper, crasher], ready=lambda: False, start_timeout_s=30,
+                            stop_timeout_s=5)
+    assert supervisor.run() == 1
+    assert not sleeper.running
+    assert crasher.exit_code() == 3
+
+
+def test_not_ready_in_time_fails() -> None:
+    sleeper = py_child("sleeper", "import time; time.sleep(60)")
+    supervisor = Supervisor([sleeper], ready=lambda: False, start_timeout_s=0.5,
+                            stop_timeout_s=5)
+    assert supervisor.run() == 1
+    assert not sleeper.running
+
+
+def test_a_crash_after_start_is_restarted_with_backoff(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    code = (f"import time; open({str(starts)!r}, 'a').write('x'); time.sleep(0.3); "
+            "raise SystemExit(1)")
+    flaky = py_child("flaky", code)
+    supervisor = Supervisor([flaky], ready=lambda: True, stop_timeout_s=5)
+
+    def stop_after_restarts() -> None:
+        while flaky.restarts < 2:
+            time.sleep(0.05)
+        supervisor.stopping = True
+
+    watcher = threading.Thread(target=stop_after_restarts, daemon=True)
+    watcher.start()
+    assert supervisor.run() == 0
+    watcher.join(30)
+    assert starts.read_text() == "x" * (flaky.restarts + 1)
+    assert flaky.backoff_s == 4.0  # 1 s, then 2 s, doubling
+
+
+def test_stop_is_ordered_and_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
+    log = tmp_path / "order"
+    polite = ("import signal, sys, time\n"
+              f"def bye(*_): open({str(log)!r}, 'a').write(NAME + ' '); sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, bye)\n"
+              "time.sleep(60)\n")
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    first = py_child("first", "NAME='first'\n" + polite, stop_order=0)
+    second = py_child("second", "NAME='second'\n" + polite, stop_order=1)
+    deaf = py_child("deaf", stubborn, stop_order=1)
+    supervisor = Supervisor([second, deaf, first], ready=lambda: True, stop_timeout_s=1)
+    supervisor.start_all()
+    time.sleep(0.5)  # let the children install their handlers
+    supervisor.stop_all()
+    assert log.read_text().split() == ["first", "second"]
+    assert deaf.exit_code() == -signal.SIGKILL
+
+
+def test_cpu_split_is_disjoint_and_covers_the_machine() -> None:
+    realtime, batch = cpu_split(Settings())
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        assert (realtime, batch) == (None, None)
+        return
+    assert realtime is not None
+    assert batch is not None
+    assert realtime.isdisjoint(batch)
+    assert realtime | batch == cpus
+    assert cpu_split(Settings(pin_cpus=False)) == (None, None)
+    assert cpu_split(Settings(lanes="mixed")) == (None, None)
+
+
+def test_children_of_split_and_mixed(tmp_path: Path) -> None:
+    children, settings = build_children(Settings(data_dir=str(tmp_path)))
+    assert [c.name for c in children] == ["redis", "gateway", "worker-realtime", "worker-batch"]
+    assert settings.redis_url.startswith("redis://127.0.0.1:")
+    assert children[1].env["LANEGATE_REDIS_URL"] == settings.redis_url
+    assert (tmp_path / "redis").is_dir()
+    mixed, _ = build_children(Settings(lanes="mixed", redis_url="redis://127.0.0.1:1/0"))
+    assert [c.name for c in mixed] == ["gateway", "worker-mixed"]
+
+
+# --- lanegate up, for real -----------------------------------------------------------
+
+
+class Up:
+    def __init__(self, workdir: Path, port: int, *extra: str) -> None:
+        self.workdir = workdir
+        self.port = port
+        self.out = workdir / "up.out"
+        self.err = workdir / "up.err"
+        env = {**os.environ, "LANEGATE_SLOTS": "2", "LANEGATE_LOG_LEVEL": "info"}
+        env.pop("LANEGATE_REDIS_URL", None)
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [PY, "-m", "lanegate.cli", "up", "--port", str(port),
+                 "--data-dir", str(workdir / "data"), *extra],
+                stdout=out, stderr=err, env=env)
+
+    def wait_for(self, text: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.out.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} from lanegate up (exit {self.proc.poll()})"
+                                     f"\n{self.err.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.2)
+
+    def children(self) -> dict[str, int]:
+        """command line -> pid of up's children."""
+        out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(self.proc.pid)],
+                             capture_output=True, text=True, check=False).stdout
+        found = {}
+        for line in out.splitlines():
+            pid, _, args = line.strip().partition(" ")
+            found[args] = int(pid)
+        return found
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Callable[..., Up]]:
+    started: list[Up] = []
+
+    def start(*extra: str) -> Up:
+        u = Up(tmp_path, free_port(), *extra)
+        started.append(u)
+        return u
+
+    yield start
+    for u in started:
+        if u.proc.poll() is None:
+            u.proc.kill()
+            u.proc.wait(30)
+
+
+def allowed_cpus(pid: int) -> set[int]:
+    return os.sched_getaffinity(pid)
+
+
+def test_up_serves_a_stream_pins_the_lanes_and_stops_on_sigterm(
+    up: Callable[..., Up], speech: Callable[..., Path], tmp_path: Path
+) -> None:
+    u = up()
+    u.wait_for("Ctrl-C stops everything.")
+    banner = u.out.read_text()
+    assert f"http://127.0.0.1:{u.port}" in banner
+    assert f"ws://127.0.0.1:{u.port}/v1/stream" in banner
+    kids = u.children()
+    by_role = {role: pid for args, pid in kids.items()
+               for role in ("redis-server", "gateway", "--lane realtime", "--lane batch")
+               if role in args}
+    assert set(by_role) == {"redis-server", "gateway", "--lane realtime", "--lane batch"}
+    if len(os.sched_getaffinity(0)) >= 2:
+        realtime = allowed_cpus(by_role["--lane realtime"])
+        batch = allowed_cpus(by_role["--lane batch"])
+        assert realtime.isdisjoint(batch)
+        assert allowed_cpus(by_role["gateway"]) == realtime
+
+    result = subprocess.run(
+        [PY, "-m", "lanegate.cli", "stream", str(speech(ONE)), "--url",
+         f"http://127.0.0.1:{u.port}", "--speed", "4"],
+        capture_output=True, timeout=120, check=False)
+    stdout = result.stdout.decode()  # bytes: universal newlines would turn \r into \n
+    assert result.returncode == 0, result.stderr
+    finals = [line.split("\r")[-1].strip() for line in stdout.split("\n")]
+    assert any("today" in f or "outside" in f or "children" in f for f in finals), stdout
+    assert "\r" in stdout  # partials are rewritten in place
+
+    assert u.stop() == 0
+    for pid in kids.values():
+        assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
+    assert any((tmp_path / "data" / "redis").rglob("*.aof*")), "AOF is on"
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def test_up_restarts_a_crashed_worker(up: Callable[..., Up]) -> None:
+    u = up()
+    u.wait_for("Ctrl-C stops everything.")
+    victim = next(pid for args, pid in u.children().items() if "--lane realtime" in args)
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while '"child_exited"' not in u.err.read_text() or not any(
+        "--lane realtime" in a and p != victim for a, p in u.children().items()
+    ):
+        assert time.monotonic() < deadline, u.err.read_text()[-3000:]
+        time.sleep(0.2)
+    assert '"child": "worker-realtime"' in u.err.read_text()
+    assert u.stop() == 0
+
+
+def test_up_with_a_child_failing_at_start_exits_non_zero(up: Callable[..., Up]) -> None:
+    u = up("--engine", "no-such-engine")
+    code = u.proc.wait(120)
+    assert code == 1
+    assert "during start" in u.err.read_text()
+    assert not u.children()
+
+
+def test_up_refuses_a_busy_port(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        u = Up(tmp_path, busy.getsockname()[1])
+        assert u.proc.wait(60) == 1
+    assert "already in use" in u.err.read_text()
