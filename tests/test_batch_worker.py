@@ -333,6 +333,22 @@ async def test_redis_restart_with_jobs_queued_and_running_loses_none(
     await _stream_is_empty(env.redis)
 
 
+async def test_worker_started_before_redis_waits_for_it(
+    env_factory: Callable[..., Env], worker_factory: Callable[..., WorkerProcess],
+    redis_server: RedisServer, long_pcm: bytes,
+) -> None:
+    env = env_factory(engine="simulated")
+    job_id = await env.submit(long_pcm[: 5 * 32000])
+    redis_server.stop()
+    worker = worker_factory(env)
+    await worker.logged("redis.unavailable")
+    assert worker.proc.poll() is None
+    assert (await asyncio.to_thread(worker.get, "/readyz"))[0] == 503
+    redis_server.start()
+    await worker.ready()
+    assert (await env.until(job_id, lambda j: j.terminal)).status == "completed"
+
+
 async def test_job_that_keeps_crashing_workers_goes_to_the_dead_letter_stream(
     env_factory: Callable[..., Env], worker_factory: Callable[..., WorkerProcess],
     long_pcm: bytes,
