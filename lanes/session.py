@@ -32,6 +32,8 @@ RATE = ENGINE_SAMPLE_RATE
 TRIM_SAMPLES = RATE
 # Tolerance when keeping the words that end before a max-window cut.
 CUT_TOLERANCE_S = 0.02
+# An idle decoder restarts only if no open VAD segment reaches further back than this.
+RESTART_SLACK = RATE
 
 
 @dataclass(frozen=True)
@@ -175,12 +177,18 @@ class RealtimeSession:
         return Word(word.word, word.start + offset, word.end + offset)
 
     def _restart_if_idle(self) -> None:
-        """Bound a decoder fed nothing but non-speech: restart it, dropping its output."""
-        no_open_segment = self._vad.earliest_needed >= self.cursor
-        if no_open_segment and self.cursor - self._origin >= self._max_utterance:
+        """Bound a decoder fed nothing but non-speech: restart it, dropping its output.
+
+        Only when no segment is open (the VAD needs at most ``RESTART_SLACK`` behind
+        the cursor); the utterance restarts where a future segment could begin, and
+        the little audio between there and the cursor is decoded again.
+        """
+        restart_at = min(self.cursor, self._vad.earliest_needed)
+        if (self.cursor - self._origin >= self._max_utterance
+                and self.cursor - restart_at <= RESTART_SLACK):
             self.stream.finish()
             self.stream.start()
-            self._origin = self.cursor
+            self._origin = self.cursor = restart_at
 
     def _trim(self) -> None:
         keep = min([self.cursor, self._vad.earliest_needed]

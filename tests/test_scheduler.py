@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -134,3 +135,65 @@ def test_a_10s_dump_never_breaks_the_budget_or_the_others_beat(
             break
     assert dump.cursor == dump.buffered_end == 10 * RATE, "the dump was digested"
     assert dump_steps >= 10 * RATE // CHUNK, "over many steps, never in one"
+
+
+def drive(session: RealtimeSession, engine: SimulatedEngine, pcm: bytes,
+          frame_bytes: int = 3200) -> tuple[list[dict[str, object]], int]:
+    """Feed ``pcm`` frame by frame, decoding everything decodable after each frame
+    (uncapped, so the cursor runs ahead of late VAD decisions); then end the session.
+    Returns the events and the largest buffer seen (bytes)."""
+    events: list[dict[str, object]] = []
+    biggest = 0
+
+    def decode_all() -> None:
+        while (pending := session.candidate().pending_samples) > 0:
+            hyp = engine.step([(session.stream, session.take(pending))])[0]
+            events.extend(session.after_chunk(hyp))
+        events.extend(session.settle())
+
+    for off in range(0, len(pcm), frame_bytes):
+        session.receive(pcm[off : off + frame_bytes], 0.0)
+        decode_all()
+        biggest = max(biggest, len(session._buf))
+    session.end(0.0)
+    decode_all()
+    return events, biggest
+
+
+def test_max_window_cut_behind_the_cursor_rewinds_it(speech: Callable[..., Path]) -> None:
+    engine = SimulatedEngine(Settings(engine="simulated", sim_step_fixed_ms=0.0,
+                                      sim_prefill_frame_ms=0.0, sim_decode_seq_ms=0.0), slots=1)
+    vad = VadSettings(max_window_s=2.0, soft_cut_search_s=0.5, endpoint_silence_ms=1500)
+    session = RealtimeSession("w", RATE, engine.open_stream(), vad, 25 * RATE)
+    pcm, _ = read_pcm(speech("please call me back tomorrow morning about the meeting "
+                             "and bring the large pizza with cheese to the station"))
+    events, _ = drive(session, engine, pcm)
+    finals = [e for e in events if e["type"] == "final"]
+    cuts = [f for f in finals if f["cut"] == "max_window"]
+    assert len(cuts) >= 2
+    assert [f["segment"] for f in finals] == list(range(len(finals)))
+    for f in finals:
+        assert isinstance(f["end_ms"], int)
+        assert isinstance(f["start_ms"], int)
+        assert f["end_ms"] - f["start_ms"] <= 2000
+        words = f["words"]
+        assert isinstance(words, list)
+        assert all(w["end"] <= f["end_ms"] / 1000 + 0.02 for w in words), f
+    for a, b in itertools.pairwise(finals):
+        if a["cut"] == "max_window":
+            assert b["start_ms"] == a["end_ms"], "a soft cut loses no audio"
+    assert session.finished
+    assert session.cursor <= session.buffered_end
+
+
+def test_session_memory_stays_bounded(speech: Callable[..., Path]) -> None:
+    engine = SimulatedEngine(Settings(engine="simulated", sim_step_fixed_ms=0.0,
+                                      sim_prefill_frame_ms=0.0, sim_decode_seq_ms=0.0), slots=1)
+    vad = VadSettings(max_window_s=5.0)
+    session = RealtimeSession("m", RATE, engine.open_stream(), vad, 5 * RATE)
+    talk, _ = read_pcm(speech("thank you very much for your help"))
+    pcm = (talk + bytes(2 * RATE)) * 20 + bytes(60 * RATE * 2)  # ~2 min, then 1 min of silence
+    events, biggest = drive(session, engine, pcm)
+    assert len([e for e in events if e["type"] == "final"]) >= 20
+    assert biggest <= (5 + 2) * RATE * 2, "buffer bounded by the window, not the session"
+    assert session._origin >= len(pcm) // 2 - 10 * RATE, "a decoder fed silence restarts"
