@@ -34,6 +34,7 @@ import yaml
 from conftest import RedisServer, free_port, read_pcm
 from deploy_support import (
     ALERTS_YML,
+    PROMETHEUS_YML,
     ROOT,
     alert_rules,
     defined_metrics,
@@ -147,6 +148,10 @@ async def _wait_http(url: str, procs: list[Proc], *, status: int = 200,
 
 
 def prometheus_config(ports: dict[str, int]) -> dict[str, Any]:
+    """deploy/prometheus.yml's jobs, pointed at the local processes, scraped every second."""
+    shipped = {job["job_name"] for job in yaml.safe_load(PROMETHEUS_YML.read_text())[
+        "scrape_configs"]}
+    assert set(ports) == shipped, f"the live stack scrapes {set(ports)}, compose {shipped}"
     return {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s",
                    "evaluation_interval": "1s"},
