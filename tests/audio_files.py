@@ -46,6 +46,7 @@ def encode(src: Path, ext: str, out_dir: Path, *, layout: str = "stereo") -> Pat
     tmp = out.with_suffix(".part")
     with av.open(str(tmp), "w", format=fmt) as container:
         stream = container.add_stream(codec, rate=rate, layout=layout)
+        assert isinstance(stream, av.AudioStream)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = src_rate
         resampler = av.AudioResampler(format=stream.format.name, layout=layout, rate=rate)

@@ -110,7 +110,8 @@ def _get(url: str) -> int:
 
 def _batch_worker_alive(client: redis.Redis) -> bool:
     ids = client.smembers(WORKERS_KEY.format(lane="batch"))
-    return any(client.exists(WORKER_KEY.format(worker_id=i.decode())) for i in ids)
+    names = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+    return any(client.exists(WORKER_KEY.format(worker_id=name)) for name in names)
 
 
 def _wait_ready(stack: Stack, *, batch: bool) -> None:
