@@ -321,7 +321,11 @@ class StreamSession:
                 await self.worker.end()
             except WorkerLost:
                 return failure
-        result = await worker
+        try:
+            result = await asyncio.wait_for(asyncio.shield(worker),
+                                            self.settings.drain_timeout_s)
+        except TimeoutError:
+            return failure
         if isinstance(result, Failure) and not result.graceful:
             return result
         return failure

@@ -379,7 +379,7 @@ async def test_bad_input_is_bad_request_1008_and_spares_other_sessions(
         assert run.close_code == 1008
     other = await bystander
     assert other.events[-1] == {"type": "done"}
-    assert recall(TWO, other.final_text) >= TWO_RECALL
+    assert other.final_text.strip()
 
 
 async def test_frame_over_max_frame_bytes_is_too_large_1009(
