@@ -99,7 +99,7 @@ def create_app(settings: Settings) -> web.Application:
 def main(args: argparse.Namespace) -> int:
     """``lanegate gateway``: serve ``create_app`` on ``host:port`` until SIGINT/SIGTERM."""
     settings = from_args(args)
-    configure_logging(settings.log_level, lane="gateway")
+    configure_logging(settings.log_level, process="gateway")
     if not settings.redis_url:
         log.error("no_redis_url", message="set --redis-url or LANEGATE_REDIS_URL "
                   "(`lanegate up` starts its own Redis)")

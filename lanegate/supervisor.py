@@ -359,7 +359,7 @@ def run_up(settings: Settings, out: Callable[[str], None] = print) -> int:
 def main(args: argparse.Namespace) -> int:
     """``lanegate up``."""
     settings = from_args(args)
-    configure_logging(settings.log_level, lane="supervisor")
+    configure_logging(settings.log_level, process="supervisor")
     log.info("up", lanes=settings.lanes, port=settings.port, data_dir=settings.data_path,
              embedded_redis=not settings.redis_url)
     return run_up(settings)
