@@ -28,7 +28,7 @@ class Candidate:
 
     session_id: str
     pending_samples: int  # decodable now (up to the session's next cut)
-    oldest_pending_at: float  # arrival time (monotonic) of the oldest pending sample
+    oldest_pending_at: float  # paced arrival time (monotonic) of the oldest pending sample
 
 
 @dataclass(frozen=True)
@@ -68,35 +68,39 @@ class SchedulingQueue(Protocol):
 
 
 class OldestPendingFirstQueue:
-    """Oldest pending audio first, sessions that keep up ahead of backlogged ones.
+    """Oldest pending audio first (earliest deadline first).
 
-    A session whose pending audio fits in one chunk is a live stream on its
-    beat (an LLM 'decode'); one with more is digesting a backlog (a 'prefill':
-    a client that buffered 10 s, a short upload). As in Sarathi-Serve's
-    stall-free batching, the beat sessions are placed first and the backlogs
-    fill the budget that is left, so a backlog whose oldest audio is older than
-    everyone else's still cannot crowd the live streams out of a step.
+    Sessions age their audio at real-time pace (see ``RealtimeSession``), so a
+    10 s burst is not ten seconds 'older' than the live streams: it is served
+    ahead of them only once it has fallen behind real time.
     """
 
     name = "oldest_pending_first"
+
+    def order(self, candidates: Iterable[Candidate], max_chunk_samples: int) -> list[Candidate]:
+        return sorted(candidates, key=lambda c: (c.oldest_pending_at, c.session_id))
+
+
+class StallFreeQueue:
+    """Sessions on their beat first, then backlogs, each group oldest pending first.
+
+    A session whose pending audio fits in one chunk is a live stream keeping up
+    (an LLM 'decode'); one with more is digesting a backlog (a 'prefill'). As in
+    Sarathi-Serve's stall-free batching, backlogs only fill the budget the beat
+    sessions leave. A live stream that falls behind by more than a chunk joins
+    the backlogs, so under overload this is no fairer than oldest-first.
+    """
+
+    name = "stall_free"
 
     def order(self, candidates: Iterable[Candidate], max_chunk_samples: int) -> list[Candidate]:
         return sorted(candidates, key=lambda c: (c.pending_samples > max_chunk_samples,
                                                  c.oldest_pending_at, c.session_id))
 
 
-class FifoQueue:
-    """Strictly oldest pending audio first (a backlog can take whole steps)."""
-
-    name = "fifo"
-
-    def order(self, candidates: Iterable[Candidate], max_chunk_samples: int) -> list[Candidate]:
-        return sorted(candidates, key=lambda c: (c.oldest_pending_at, c.session_id))
-
-
-QUEUES: dict[str, type[OldestPendingFirstQueue] | type[FifoQueue]] = {
+QUEUES: dict[str, type[OldestPendingFirstQueue] | type[StallFreeQueue]] = {
     OldestPendingFirstQueue.name: OldestPendingFirstQueue,
-    FifoQueue.name: FifoQueue,
+    StallFreeQueue.name: StallFreeQueue,
 }
 
 

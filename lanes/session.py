@@ -59,7 +59,9 @@ class RealtimeSession:
         self.cursor = 0  # next sample to decode
         self._origin = 0  # sample where the current utterance began
         self._cuts: deque[CutPoint] = deque()
-        self._arrivals: deque[tuple[int, float]] = deque()  # (end sample, arrival time)
+        # (first sample, its paced arrival time) of each piece of audio received
+        self._arrivals: deque[tuple[int, float]] = deque()
+        self._paced_until = 0.0  # paced arrival time of the end of the audio so far
         self._max_utterance = max_utterance_samples
         self.segment = 0
         self.ended = False
@@ -86,8 +88,11 @@ class RealtimeSession:
     def _append(self, pcm16k: bytes, now: float) -> None:
         if not pcm16k:
             return
+        start = self.buffered_end
         self._buf += pcm16k
-        self._arrivals.append((self.buffered_end, now))
+        paced = max(now, self._paced_until)
+        self._arrivals.append((start, paced))
+        self._paced_until = paced + (self.buffered_end - start) / RATE
         self._queue_cuts(self._vad.push(pcm16k))
 
     def _queue_cuts(self, events: list[Any]) -> None:
@@ -108,10 +113,19 @@ class RealtimeSession:
         return Candidate(self.session_id, pending, self._oldest_pending_at())
 
     def _oldest_pending_at(self) -> float:
-        for end, at in self._arrivals:
-            if end > self.cursor:
-                return at
-        return self._arrivals[-1][1] if self._arrivals else 0.0
+        """Paced arrival time of the sample at the cursor.
+
+        Audio counts as arriving no faster than real time: a burst (a client that
+        buffered 10 s, a short upload) is aged as if it had been streamed live from
+        the moment it came. Oldest-first then serves live streams on their beat and
+        still digests a burst faster than real time whenever the budget allows.
+        """
+        at = 0.0
+        for start, paced in self._arrivals:
+            if start > self.cursor:
+                break
+            at = paced + (self.cursor - start) / RATE
+        return at
 
     @property
     def finished(self) -> bool:
@@ -198,7 +212,7 @@ class RealtimeSession:
             return
         del self._buf[: drop * BYTES_PER_SAMPLE]
         self._base = keep
-        while self._arrivals and self._arrivals[0][0] <= keep:
+        while len(self._arrivals) > 1 and self._arrivals[1][0] <= keep:
             self._arrivals.popleft()
 
     def close(self) -> None:

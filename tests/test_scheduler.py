@@ -13,7 +13,6 @@ from lanegate.settings import Settings
 from lanes.cost import CostModel
 from lanes.scheduler import (
     Candidate,
-    FifoQueue,
     OldestPendingFirstQueue,
     StepLimits,
     create_queue,
@@ -62,13 +61,13 @@ def test_nocap_plan_takes_everything() -> None:
     assert step_limits(Settings(), "realtime").capped
 
 
-def test_live_sessions_go_before_an_older_backlog() -> None:
+def test_queues_order_oldest_pending_first() -> None:
     cands = [Candidate("dump", 10 * RATE, 0.0), Candidate("live", 1600, 5.0),
              Candidate("live2", 1600, 4.0)]
     plan = plan_step(cands, create_queue(), model(rate=0.2), BUDGET)
-    assert [c.session_id for c in plan.chunks] == ["live2", "live", "dump"]
-    fifo = plan_step(cands, FifoQueue(), model(rate=0.2), BUDGET)
-    assert fifo.chunks[0].session_id == "dump"
+    assert [c.session_id for c in plan.chunks] == ["dump", "live2", "live"][: len(plan.chunks)]
+    stall_free = plan_step(cands, create_queue("stall_free"), model(rate=0.2), BUDGET)
+    assert [c.session_id for c in stall_free.chunks] == ["live2", "live", "dump"]
     with pytest.raises(ValueError, match="unknown"):
         create_queue("lifo")
 
@@ -109,7 +108,7 @@ def test_a_10s_dump_never_breaks_the_budget_or_the_others_beat(
     frame = 1600 * 2  # 100 ms
     dump_steps = 0
     for tick in range(120):
-        now = float(tick)
+        now = tick * 0.1  # the live streams send 100 ms every 100 ms
         for i, session in enumerate(live):
             offset = (tick * frame + i * 4000) % (len(live_pcm) - frame)
             session.receive(live_pcm[offset : offset + frame], now)
@@ -197,3 +196,22 @@ def test_session_memory_stays_bounded(speech: Callable[..., Path]) -> None:
     assert len([e for e in events if e["type"] == "final"]) >= 20
     assert biggest <= (5 + 2) * RATE * 2, "buffer bounded by the window, not the session"
     assert session._origin >= len(pcm) // 2 - 10 * RATE, "a decoder fed silence restarts"
+
+
+def test_a_burst_ages_at_real_time_pace(speech: Callable[..., Path]) -> None:
+    engine = sessions_engine()
+    burst = new_session(engine, "burst")
+    live = new_session(engine, "live")
+    pcm, _ = read_pcm(speech("thank you very much for your help"))
+    burst.receive(pcm, now=100.0)  # all of it at once
+    assert burst.candidate().oldest_pending_at == 100.0
+    burst.take(RATE)
+    assert burst.candidate().oldest_pending_at == pytest.approx(101.0)
+    live.receive(pcm[:3200], now=100.5)
+    order = create_queue().order([burst.candidate(), live.candidate()], CHUNK)
+    assert [c.session_id for c in order] == ["live", "burst"], "a burst ahead of real time waits"
+    live.receive(pcm[3200:6400], now=102.0)
+    live.take(800)
+    assert live.candidate().oldest_pending_at == pytest.approx(100.55)
+    live.take(800)
+    assert live.candidate().oldest_pending_at == pytest.approx(102.0)
