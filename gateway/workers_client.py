@@ -6,7 +6,8 @@ to two workers the registry reports full; a full worker refuses at once), and op
 ``{worker.url}/internal/v1/session?session_id=S&sample_rate=R&language=L``
 (docs/INTERNALS.md). A worker that answers ``overloaded`` (no free slot, or
 draining) or cannot be reached is skipped and the next one tried, so a stale
-registry entry costs one failed connect, not a failed session.
+registry entry costs one failed connect (at most ``worker_connect_timeout_s``),
+not a failed session.
 
 Usage (the stream relay in ``gateway/stream.py``; uploads use the same to
 transcribe short audio synchronously through the realtime lane)::
@@ -198,7 +199,7 @@ async def _try_worker(
     """A session on ``worker``, or the reason it refused (``overloaded``/``unreachable``)."""
     settings = app[SETTINGS]
     url = session_url(worker, session_id=session_id, sample_rate=sample_rate, language=language)
-    timeout = settings.worker_lost_timeout_s
+    timeout = settings.worker_connect_timeout_s
     try:
         async with asyncio.timeout(timeout):  # a frozen worker never answers the upgrade
             ws = await app[HTTP].ws_connect(

@@ -70,6 +70,10 @@ class Settings:
     idle_timeout_s: float = _s(30.0, "A stream with no audio for this long is closed.")
     max_sessions_per_key: int = _s(16, "Concurrent stream sessions per API key.")
     worker_lost_timeout_s: float = _s(2.0, "A silent worker connection is lost after this.")
+    worker_connect_timeout_s: float = _s(
+        5.0, "Opening a session on a worker (connect + `accepted`) may take this long before "
+        "the gateway tries the next worker."
+    )
     mixed_lost_timeout_s: float = _s(
         30.0, "Same for a `mixed` worker, which cannot answer pings while it decodes an "
         "upload in its loop."
