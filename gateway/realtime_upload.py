@@ -72,15 +72,23 @@ async def transcribe_realtime(app: web.Application, pcm: Path, *, session_id: st
 
 
 async def _run(session: WorkerSession, pcm: Path) -> list[Segment]:
+    """Send and collect at once; the collector's outcome wins (a worker ``error`` event
+    explains a send that failed because the worker closed the session)."""
+    sender = asyncio.create_task(_send(session, pcm))
     collector = asyncio.create_task(_collect(session))
     try:
-        await _send(session, pcm)
+        await asyncio.wait({sender, collector}, return_when=asyncio.FIRST_EXCEPTION)
+        if sender.done() and not collector.done():
+            error = sender.exception()
+            if error is not None and not isinstance(error, WorkerLost):
+                raise error
         return await collector
     finally:
-        if not collector.done():
-            collector.cancel()
+        for task in (sender, collector):
+            if not task.done():
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await collector
+                await task
 
 
 async def _send(session: WorkerSession, pcm: Path) -> None:

@@ -415,3 +415,16 @@ async def test_listing_pages_newest_first(stack: Stack, short_wav: Path) -> None
                 assert resp.status == 400
         for job_id in created:
             await wait_done(http, job_id)
+
+
+async def test_unresponsive_realtime_lane_falls_back_to_a_job(http: aiohttp.ClientSession,
+                                                              short_wav: Path,
+                                                              stack: Stack) -> None:
+    with stack.paused("realtime"):  # connects, never answers: the gateway gives up on it
+        status, headers, body = await post(http, form(short_wav, response_format="text"))
+    assert status == 202, body
+    assert headers["X-Lanegate-Lane"] == "batch"
+    job_id = headers["Location"].rsplit("/", 1)[1]
+    assert (await wait_done(http, job_id))[-1]["status"] == "completed"
+    async with http.get(f"/v1/transcriptions/{job_id}", params={"format": "text"}) as resp:
+        assert overlap(SHORT, await resp.text()) >= 0.5
