@@ -494,13 +494,13 @@ class BatchConsumer:
         gen = pieces(pcm)
         try:
             while True:
-                item: object = await asyncio.to_thread(next, gen, _END)
+                item = await _next_piece(gen)
                 if isinstance(item, Hypothesis):
                     return item
                 if item is _END:
                     raise RuntimeError("engine yielded no final hypothesis")
         finally:
-            gen.close()
+            gen.close()  # ends the engine's utterance if we stopped early
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -514,6 +514,18 @@ class BatchConsumer:
     @property
     def held_jobs(self) -> list[str]:
         return list(self._held)
+
+
+async def _next_piece(gen: Generator[Hypothesis | None, None, None]) -> object:
+    """``next(gen)`` in a thread. If the caller is cancelled meanwhile, the piece
+    (about 1 s of audio) is let finish first, so the generator can then be closed."""
+    piece = asyncio.ensure_future(asyncio.to_thread(next, gen, _END))
+    try:
+        return await asyncio.shield(piece)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await piece
+        raise
 
 
 def _undispatch(batch: list[tuple[HeldJob, int]]) -> None:
