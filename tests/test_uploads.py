@@ -428,3 +428,34 @@ async def test_unresponsive_realtime_lane_falls_back_to_a_job(http: aiohttp.Clie
     assert (await wait_done(http, job_id))[-1]["status"] == "completed"
     async with http.get(f"/v1/transcriptions/{job_id}", params={"format": "text"}) as resp:
         assert overlap(SHORT, await resp.text()) >= 0.5
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one Prometheus series in a /metrics text (0 when absent)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_refusals_and_jobs_are_counted(http: aiohttp.ClientSession, short_wav: Path,
+                                             tmp_path: Path) -> None:
+    async with http.get("/metrics") as resp:
+        before = await resp.text()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not audio\n" * 50)
+    async with http.post("/v1/transcriptions", data=form(notes)) as resp:
+        assert resp.status == 415
+    status, headers, _ = await post(http, form(short_wav, **{"async": "true"}))
+    assert status == 202
+    async with http.get("/metrics") as resp:
+        after = await resp.text()
+    for name, labels in (
+        ("lanegate_rejections_total", {"lane": "batch", "reason": "undecodable"}),
+        ("lanegate_jobs_total", {"lane": "batch", "status": "queued"}),
+    ):
+        assert metric(after, name, **labels) == metric(before, name, **labels) + 1, name
+    await wait_done(http, headers["Location"].rsplit("/", 1)[1])
