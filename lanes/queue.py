@@ -40,6 +40,9 @@ from lanegate.settings import Settings
 from lanegate.transcript import Transcript
 from lanes.jobs import Job, decode_hash
 
+#: most XAUTOCLAIM calls one ``reclaim`` makes while scanning the pending list
+_RECLAIM_SCAN_CALLS = 100
+
 _PRELUDE = """
 local function drop(stream, group, entry)
   redis.call('XACK', stream, group, entry)
@@ -260,14 +263,21 @@ class JobQueue:
         )
 
     async def reclaim(self, count: int = 1) -> list[Delivery]:
-        """Entries idle for ``claim_idle_s`` in any consumer (a dead worker's)."""
-        reply = await self.redis.xautoclaim(
-            JOB_STREAM, JOB_GROUP, self.consumer,
-            min_idle_time=int(self.settings.claim_idle_s * 1000),
-            start_id=self._autoclaim_cursor, count=count,
-        )
-        self._autoclaim_cursor = _s(reply[0])
-        return await self._deliveries(_entries(reply[1]))
+        """Entries idle for ``claim_idle_s`` in any consumer (a dead worker's).
+
+        Scans the whole pending list if need be (XAUTOCLAIM looks at about
+        ``10 x count`` entries per call) and remembers where it stopped."""
+        for _ in range(_RECLAIM_SCAN_CALLS):
+            reply = await self.redis.xautoclaim(
+                JOB_STREAM, JOB_GROUP, self.consumer,
+                min_idle_time=int(self.settings.claim_idle_s * 1000),
+                start_id=self._autoclaim_cursor, count=count,
+            )
+            self._autoclaim_cursor = _s(reply[0])
+            found = await self._deliveries(_entries(reply[1]))
+            if found or self._autoclaim_cursor == "0-0":
+                return found
+        return []
 
     async def _deliveries(
         self, entries: list[tuple[str, dict[str, str] | None]]

@@ -301,6 +301,19 @@ async def test_one_result_when_a_slow_owner_is_reclaimed(
     assert await client.xlen(JOB_STREAM) == 0
 
 
+async def test_reclaim_scans_past_many_live_entries(env_factory: Callable[..., Env]) -> None:
+    store, queue_for, _, _ = env_factory(claim_idle_s=0.2)
+    jobs = [(await submit(store))[0] for _ in range(25)]
+    live, dead, other = queue_for("live"), queue_for("dead"), queue_for("other")
+    await live.ensure_group()
+    held = await live.read(24)
+    (lost,) = await dead.read(1)
+    await asyncio.sleep(0.3)
+    assert len(await live.touch([d.entry_id for d in held])) == 24
+    found = await other.reclaim(1)
+    assert [d.job_id for d in found] == [jobs[-1].id] == [lost.job_id]
+
+
 async def test_touch_keeps_an_entry_from_being_reclaimed(
     env_factory: Callable[..., Env],
 ) -> None:
