@@ -177,3 +177,24 @@ def test_silence_limit_per_lane(lane: str) -> None:
         assert limit == settings.mixed_lost_timeout_s
     else:
         assert limit < settings.worker_lost_timeout_s
+
+
+async def test_stream_while_redis_is_down_is_overloaded_then_recovers(
+    gateway: Gateway, redis_server: RedisServer, sim_worker: RealtimeWorker
+) -> None:
+    base, _ = await gateway()
+    url = base.replace("http", "ws") + "/v1/stream"
+    redis_server.kill()
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(url) as ws:
+            event = await ws.receive_json(timeout=10)
+            assert (event["type"], event["code"]) == ("error", "overloaded")
+            await ws.receive(timeout=10)
+            assert ws.close_code == 1013
+        redis_server.start()
+        for _ in range(100):  # the worker's next heartbeat re-registers it
+            if (await request("GET", base + "/readyz"))[0] == 200:
+                break
+            await asyncio.sleep(0.1)
+        async with http.ws_connect(url) as ws:
+            assert (await ws.receive_json(timeout=10))["type"] == "ready"
