@@ -231,7 +231,9 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         upload = await take_upload(request, fields=FIELDS, strict=True, raw_allowed=True)
         options = _options_or_cleanup(request, upload)
         decoded = await decode_taken(request, upload)
-        route = route_upload(decoded.seconds, async_requested=options.async_,
+        # a webhook only exists for jobs: asking for one asks for a job
+        wants_job = options.async_ or options.webhook_url is not None
+        route = route_upload(decoded.seconds, async_requested=wants_job,
                              settings=request.app[SETTINGS])
         return await _answer(request, tenant, upload, decoded, options, route, idem)
     except UploadError as exc:

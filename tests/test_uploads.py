@@ -7,6 +7,8 @@ synchronously by the realtime lane; long or async ones become batch jobs.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -15,10 +17,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from audio_files import FORMATS, MIME, encode, silence_wav
+from conftest import free_port
 from stack import Stack, start_stack
 
 KEY_A, KEY_B, KEY_C = "key-alpha", "key-bravo", "key-charlie"
+WEBHOOK_SECRET = "uploads-webhook-secret"
 MAX_UPLOAD = 2_000_000
 MAX_AUDIO_S = 120
 
@@ -54,6 +59,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "LANEGATE_API_KEYS": f"{KEY_A},{KEY_B},{KEY_C}",
         "LANEGATE_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
         "LANEGATE_MAX_AUDIO_SECONDS": str(MAX_AUDIO_S),
+        "LANEGATE_WEBHOOK_SECRET": WEBHOOK_SECRET,
     })
     yield running
     running.stop()
@@ -459,3 +465,31 @@ async def test_refusals_and_jobs_are_counted(http: aiohttp.ClientSession, short_
     ):
         assert metric(after, name, **labels) == metric(before, name, **labels) + 1, name
     await wait_done(http, headers["Location"].rsplit("/", 1)[1])
+
+
+async def test_webhook_url_makes_a_job_and_is_called(http: aiohttp.ClientSession,
+                                                     short_wav: Path) -> None:
+    received: asyncio.Queue[tuple[bytes, dict[str, str]]] = asyncio.Queue()
+
+    async def hook(request: web.Request) -> web.Response:
+        await received.put((await request.read(), dict(request.headers)))
+        return web.Response(status=204)
+
+    receiver = web.Application()
+    receiver.router.add_post("/hook", hook)
+    runner = web.AppRunner(receiver)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        url = f"http://127.0.0.1:{port}/hook"
+        status, _, body = await post(http, form(short_wav, webhook_url=url))
+        assert status == 202, body  # short, but a webhook asks for a job
+        job = json.loads(body)
+        assert job["webhook_url"] == url
+        payload, hook_headers = await asyncio.wait_for(received.get(), timeout=60)
+    finally:
+        await runner.cleanup()
+    assert json.loads(payload) == {"id": job["id"], "status": "completed"}
+    digest = hmac.new(WEBHOOK_SECRET.encode(), payload, hashlib.sha256).hexdigest()
+    assert hook_headers["X-Lanegate-Signature"] == f"sha256={digest}"
