@@ -342,7 +342,11 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def run_up(settings: Settings, out: Callable[[str], None] = print) -> int:
+def _print_flushed(text: str) -> None:
+    print(text, flush=True)
+
+
+def run_up(settings: Settings, out: Callable[[str], None] = _print_flushed) -> int:
     if port_in_use(settings.host, settings.port):
         print(f"lanegate up: port {settings.port} on {settings.host} is already in use; "
               "choose another with --port", file=sys.stderr)
