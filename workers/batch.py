@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lanegate import metrics
@@ -49,7 +49,7 @@ from lanegate.settings import Settings
 from lanegate.transcript import Segment, Transcript, Word
 from lanegate.webhooks import WebhookDispatcher
 from lanes.queue import Delivery, JobQueue, redis_client
-from vad import SegmentEnded, StreamingSegmenter, VadSettings
+from vad import SegmentEnded, StreamingSegmenter, VadError, VadSettings
 from workers import registry
 from workers.engines.base import Hypothesis
 
@@ -63,7 +63,7 @@ BACKOFF_MAX_S = 5.0
 #: VAD reads the audio file in pieces this long
 READ_CHUNK_S = 10
 _END = object()
-REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ReadOnlyError)
 
 log = get_logger("workers.batch")
 
@@ -99,10 +99,13 @@ def load_segments(path: Path, vad: VadSettings) -> tuple[list[SegmentEnded], int
         raise PoisonAudio(f"corrupt audio blob: {size} bytes is not whole 16-bit samples")
     segmenter = StreamingSegmenter(vad)
     events: list[Any] = []
-    with path.open("rb") as f:
-        while chunk := f.read(READ_CHUNK_S * ENGINE_SAMPLE_RATE * SAMPLE_WIDTH):
-            events += segmenter.push(chunk)
-    events += segmenter.flush()
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(READ_CHUNK_S * ENGINE_SAMPLE_RATE * SAMPLE_WIDTH):
+                events += segmenter.push(chunk)
+        events += segmenter.flush()
+    except (OSError, VadError) as exc:
+        raise PoisonAudio(f"unreadable audio blob: {exc}") from exc
     return [e for e in events if isinstance(e, SegmentEnded)], size // SAMPLE_WIDTH
 
 
