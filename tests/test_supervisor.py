@@ -121,6 +121,7 @@ class Up:
         self.err = workdir / "up.err"
         env = {**os.environ, "LANEGATE_SLOTS": "2", "LANEGATE_LOG_LEVEL": "info"}
         env.pop("LANEGATE_REDIS_URL", None)
+        env.pop("PYTHONUNBUFFERED", None)  # the banner must be flushed by up itself
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(
                 [PY, "-m", "lanegate.cli", "up", "--port", str(port),
