@@ -20,7 +20,9 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from conftest import RedisServer, read_pcm
 
+from lanegate.blobs import new_id
 from lanegate.settings import Settings
+from lanes.jobs import JobStore
 from workers import registry
 from workers.engines import Engine
 from workers.engines.pocketsphinx import PocketsphinxEngine
@@ -266,6 +268,17 @@ async def test_nocap_and_mixed_workers_take_whole_pending_audio(
         assert hyps == engine.transcribe_batch([pcm])
         listed = await registry.list_workers(redis_client, "realtime")
         assert [(w.worker_id, w.lane) for w in listed] == [("mixed-test", "mixed")]
+        # a batch job is decoded by the same loop
+        store = JobStore(redis_client, settings)
+        job_id = new_id()
+        store.blobs.path(job_id).write_bytes(pcm * 3)
+        await store.submit(job_id=job_id, tenant="t", audio_seconds=len(pcm) * 3 / 32000)
+        for _ in range(400):
+            if (result := await store.result(job_id, "t")) is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert result is not None, "the mixed worker finished the job"
+        assert result.text
     finally:
         await mixed.stop()
 

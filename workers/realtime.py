@@ -66,7 +66,10 @@ class RealtimeWorker:
         self.port = 0
         self.lag_s: list[float] = []
         self._stop = asyncio.Event()
+        self._batch_stop = asyncio.Event()
         self._stopped = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._batch_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self._vad = VadSettings.from_settings(settings)
@@ -90,11 +93,11 @@ class RealtimeWorker:
         site = web.TCPSite(self._runner, self.settings.worker_host, self.settings.worker_port)
         await site.start()
         self.port = _bound_port(self._runner)
-        self._spawn(self.loop.run(self._stop))
+        self._loop_task = asyncio.create_task(self.loop.run(self._stop))
         self._spawn(self._heartbeat())
         self._spawn(self._probe_lag())
         if self.lane == "mixed":
-            self._spawn(self._batch_consumer())
+            self._batch_task = asyncio.create_task(self._batch_consumer())
         await self._publish()
         self._log.info("worker_started", url=self.url, engine=self.engine.name,
                        slots=self.engine.slots_total, capped=self.loop.limits.capped)
@@ -116,10 +119,18 @@ class RealtimeWorker:
         await self.stop()
 
     async def stop(self) -> None:
-        self._stop.set()
-        for task in self._tasks[1:]:  # the step loop ends itself between steps
+        if self._stopped.is_set():
+            return
+        if self._batch_task is not None:
+            # The consumer hands its unfinished jobs back; its last batch needs the loop.
+            self._batch_stop.set()
+            if not await _within(asyncio.shield(self._batch_task), FLUSH_TIMEOUT_S):
+                self._batch_task.cancel()
+        self._stop.set()  # the step loop ends itself between steps
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *[t for t in (self._loop_task, self._batch_task) if t],
+                             return_exceptions=True)
         with contextlib.suppress(Exception):
             await registry.remove(self.redis, self.worker_id, self.lane)
         if self._runner is not None:
@@ -168,7 +179,7 @@ class RealtimeWorker:
         batch = importlib.import_module("workers.batch")
         consumer = batch.BatchConsumer(self.settings, self.redis, self.engine, lane="mixed",
                                        decode=self.loop.submit_batch, worker_id=self.worker_id)
-        await consumer.run(self._stop)
+        await consumer.run(self._batch_stop)
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "worker": self.worker_id, "lane": self.lane})
