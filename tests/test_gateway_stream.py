@@ -522,6 +522,12 @@ def _busy_worker_proc(s: Stack) -> str:
     raise AssertionError("no busy worker found")
 
 
+def _busy_count(s: Stack) -> int:
+    return sum(1 for url in _live_workers(s).values()
+               if (r := get(url + "/readyz"))[0] == 200 and isinstance(r[1], dict)
+               and r[1]["slots_free"] == 0)
+
+
 async def _start_session(http: aiohttp.ClientSession, s: Stack, pcm: bytes
                          ) -> aiohttp.ClientWebSocketResponse:
     ws = await http.ws_connect(stream_url(s))
@@ -547,7 +553,13 @@ async def test_worker_dying_mid_session_gives_worker_lost_and_the_gateway_carrie
     pcm, rate = one
     ws = await _start_session(http, pair, pcm)
     victim = pair.procs[_busy_worker_proc(pair)].popen
+    # a session on the other worker, streaming while the first one's worker dies
+    bystander = asyncio.create_task(stream_speech(http, pair, pcm, rate, key=None))
     try:
+        for _ in range(100):
+            if _busy_count(pair) == 2:
+                break
+            await asyncio.sleep(0.05)
         run, waited = await _lost_after(
             ws, lambda: os.kill(victim.pid, getattr(signal, how)))
         await ws.close()
@@ -556,6 +568,9 @@ async def test_worker_dying_mid_session_gives_worker_lost_and_the_gateway_carrie
         # worker_lost_timeout_s = 2; the bound here only catches a missing detection
         assert waited < 2.0 + 1.0
         assert get(pair.url + "/healthz")[0] == 200
+        other = await bystander
+        assert other.events[-1] == {"type": "done"}, other.events
+        assert recall(ONE, other.final_text) >= ONE_RECALL
         after = await stream_speech(http, pair, pcm, rate, key=None, speed=0)
         assert after.events[-1] == {"type": "done"}
         assert recall(ONE, after.final_text) >= ONE_RECALL
