@@ -48,7 +48,7 @@ def worker_session_url(worker_url: str) -> str:
 
 
 async def run_load(specs: list[StreamSpec], workdir: Path, name: str,
-                   timeout_s: float) -> list[dict[str, Any]]:
+                   timeout_s: float) -> tuple[list[dict[str, Any]], float]:
     """Spread ``specs`` over load processes, start them together, collect their results."""
     nproc = max(1, math.ceil(len(specs) / STREAMS_PER_LOAD_PROCESS))
     t0_wall = time.time() + 1.5 + 0.2 * nproc
@@ -70,10 +70,13 @@ async def run_load(specs: list[StreamSpec], workdir: Path, name: str,
                 p.kill()
                 await p.wait()
     results: list[dict[str, Any]] = []
+    cpu = 0.0
     for out in outs:
         if out.exists():
-            results += json.loads(out.read_text())
-    return results
+            doc = json.loads(out.read_text())
+            results += doc["results"]
+            cpu += doc["cpu_s"]
+    return results, cpu
 
 
 async def scrape(stack: Stack) -> dict[str, dict[str, Histogram]]:
@@ -123,12 +126,28 @@ def timeline(results: list[dict[str, Any]], bin_s: float = 0.5) -> list[list[flo
     return [[round(b * bin_s, 2), round(v, 1)] for b, v in sorted(worst.items())]
 
 
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+def steady_window(specs: list[StreamSpec]) -> tuple[float, float]:
+    """From the last live stream's start to the first live stream's end: all are on."""
+    live = [s for s in specs if s.kind == "live"]
+    if not live:
+        return (0.0, math.inf)
+    return (max(s.start_s for s in live), min(s.start_s + s.duration_s for s in live))
+
+
+def summarize(results: list[dict[str, Any]],
+              steady: tuple[float, float] = (0.0, math.inf)) -> dict[str, Any]:
+    """Figures of a window; partial latency counts only partials that arrived while
+    every live stream was on (``steady``, seconds after t0), ``partial_all_ms`` all."""
     live = [r for r in results if r["kind"] == "live"]
     dumps = [r for r in results if r["kind"] == "dump"]
-    partial = [v for r in live for v in r["partial_ms"]]
+    lo, hi = steady
+    partial = [v for r in live for at, v in zip(r["partial_at_s"], r["partial_ms"], strict=True)
+               if lo <= at <= hi]
     out: dict[str, Any] = {
         "live_streams": len(live),
+        "steady_window_s": [round(lo, 2), round(hi, 2)],
+        "streams_served": sum(1 for r in live if r["lane"]),
+        "partial_all_ms": summary([v for r in live for v in r["partial_ms"]]),
         "lanes_seen": sorted({r["lane"] for r in results if r["lane"]}),
         "errors": dict(Counter(r["error"] for r in results if r["error"])),
         "audio_s_sent": round(sum(r["audio_s_sent"] for r in live), 1),
@@ -151,14 +170,16 @@ async def window(stack: Stack, name: str, specs: list[StreamSpec], workdir: Path
                  duration_s: float) -> dict[str, Any]:
     """One measured window: scrape, load, scrape; client and server figures together."""
     before = await scrape(stack)
-    cpu0, t0 = stack.gateway.cpu_seconds(), time.monotonic()
-    results = await run_load(specs, workdir, name, timeout_s=duration_s + 180)
-    cpu1, t1 = stack.gateway.cpu_seconds(), time.monotonic()
+    cpu0, t0 = stack.cpu_seconds(), time.monotonic()
+    results, load_cpu = await run_load(specs, workdir, name, timeout_s=duration_s + 180)
+    cpu1, t1 = stack.cpu_seconds(), time.monotonic()
     after = await scrape(stack)
     stack.check_alive()
-    out = summarize(results)
+    out = summarize(results, steady_window(specs))
     out["steps"] = step_delta(before, after)
-    out["gateway_cpu_s"] = round(cpu1 - cpu0, 3)
+    out["cpu_s"] = {name: round(cpu1[name] - cpu0[name], 3) for name in cpu1 if name in cpu0}
+    out["cpu_s"]["load_clients"] = round(load_cpu, 3)
+    out["gateway_cpu_s"] = out["cpu_s"].get("gateway")
     out["wall_s"] = round(t1 - t0, 2)
     print(f"  [{stack.plan.design}/{name}] partial {out['partial_ms']} errors {out['errors']}",
           flush=True)

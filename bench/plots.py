@@ -12,21 +12,25 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 GROUPS = (  # (title, [(results key, label)])
-    ("1: live streams + batch flood (pocketsphinx)",
+    ("1: {n} live streams + batch flood (pocketsphinx)",
      [("s1_alone", "alone"), ("s1_split", "split + flood"), ("s1_mixed", "mixed + flood")]),
-    ("2: live streams + a 10 s dump (pocketsphinx)",
+    ("2: {n} live streams + buffered dumps (pocketsphinx)",
      [("s2_split", "split (cap)"), ("s2_split_nocap", "split-nocap")]),
-    ("4: 200 streams + 400 ms prefills (simulated)",
+    ("4: {n} streams + long prefills (simulated)",
      [("s4_sim-cap", "cap"), ("s4_sim-nocap", "no cap")]),
-    ("5: gateway overhead (simulated, free)",
+    ("5: {n} streams, gateway overhead (simulated)",
      [("s5_direct", "direct to workers"), ("s5_via_gateway", "through the gateway")]),
 )
 RED_LINE_MS = 300.0
 
 
 def _present(r: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
-    return [(t, [(k, lbl) for k, lbl in items if k in r]) for t, items in GROUPS
-            if any(k in r for k, _ in items)]
+    out = []
+    for title, items in GROUPS:
+        keys = [(k, lbl) for k, lbl in items if k in r]
+        if keys:
+            out.append((title.format(n=r[keys[0][0]]["live_streams"]), keys))
+    return out
 
 
 def latency_cdf(r: dict[str, Any], path: Path) -> None:

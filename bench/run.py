@@ -51,15 +51,20 @@ COMMON_ENV = {"LANEGATE_MAX_SESSIONS_PER_KEY": "100000", "LANEGATE_LOG_LEVEL": "
 
 
 def ps_plan(design: str, o: Options) -> StackPlan:
-    """A pocketsphinx stack: split / split-nocap (two pinned workers) or mixed (one)."""
+    """A pocketsphinx stack: split / split-nocap (two pinned workers) or mixed (one).
+
+    Pinned as ``lanegate up`` pins them: realtime (or mixed) worker, gateway and
+    redis-server on the realtime CPUs; the batch worker alone on the batch CPUs.
+    """
     env = {**COMMON_ENV, "LANEGATE_ENGINE": "pocketsphinx"}
     if design == "mixed":
         return StackPlan(design, {**env, "LANEGATE_LANES": "mixed"},
-                         [WorkerPlan("mixed", o.rt_cpus)])
+                         [WorkerPlan("mixed", o.rt_cpus)], o.rt_cpus, o.rt_cpus)
     if design == "split-nocap":
         env["LANEGATE_CHUNK_CAP"] = "false"
     return StackPlan(design, {**env, "LANEGATE_LANES": "split"},
-                     [WorkerPlan("realtime", o.rt_cpus), WorkerPlan("batch", o.batch_cpus)])
+                     [WorkerPlan("realtime", o.rt_cpus), WorkerPlan("batch", o.batch_cpus)],
+                     o.rt_cpus, o.rt_cpus)
 
 
 def sim_plan(design: str, o: Options, *, cap: bool) -> StackPlan:
@@ -69,7 +74,10 @@ def sim_plan(design: str, o: Options, *, cap: bool) -> StackPlan:
            "LANEGATE_SIM_STEP_FIXED_MS": "3.0", "LANEGATE_SIM_PREFILL_FRAME_MS": "0.02",
            "LANEGATE_SIM_DECODE_SEQ_MS": "0.05",
            # a 200 s dump is 6.4 MB in one frame
-           "LANEGATE_MAX_FRAME_BYTES": str(int(o.sim_dump_s * 32000) + 1_048_576)}
+           "LANEGATE_MAX_FRAME_BYTES": str(int(o.sim_dump_s * 32000) + 1_048_576),
+           # the VAD's max window would otherwise cut the continuous-speech dump into
+           # 25 s pieces (50 ms each at this cost); the scenario needs it in one piece
+           "LANEGATE_MAX_WINDOW_S": str(o.sim_dump_s + 50)}
     return StackPlan(design, env, [WorkerPlan("realtime", o.rt_cpus)])
 
 
@@ -92,12 +100,12 @@ class Bench:
     def work(self) -> Path:
         return self.o.workdir / "run"
 
-    def speech_pcm(self, name: str, seconds: float, seed: int) -> Path:
+    def speech_pcm(self, name: str, seconds: float, seed: int, gap_s: float = 0.8) -> Path:
         path = self.o.workdir / f"{name}.pcm"
         if self.o.wav is not None:
             path.write_bytes(audio.read_wav(self.o.wav))
         elif not path.exists():
-            path.write_bytes(audio.speech(seconds, self.o.workdir, seed=seed))
+            path.write_bytes(audio.speech(seconds, self.o.workdir, seed=seed, gap_s=gap_s))
         return path
 
     def flood_files(self) -> list[Path]:
@@ -174,7 +182,8 @@ class Bench:
     async def sim(self, cap: bool) -> None:
         design = "sim-cap" if cap else "sim-nocap"
         live = self.speech_pcm("live", 180, 1)
-        dump = self.speech_pcm("long", self.o.sim_dump_s + 20, 2)
+        # continuous speech (no pause long enough to endpoint): one utterance
+        dump = self.speech_pcm("continuous", self.o.sim_dump_s + 20, 2, gap_s=0.0)
         d = self.o.sim_duration_s
         async with self.stack(sim_plan(design, self.o, cap=cap)) as stack:
             self.record(stack)

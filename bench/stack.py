@@ -45,6 +45,8 @@ class StackPlan:
     design: str  # split | mixed | split-nocap | sim-... : a name for the report
     env: dict[str, str]  # LANEGATE_* for every process
     workers: list[WorkerPlan]
+    gateway_cpus: str = ""  # taskset CPU list for the gateway; "" = not pinned
+    redis_cpus: str = ""
 
 
 @dataclass
@@ -63,6 +65,10 @@ class Child:
 
 class StackError(RuntimeError):
     pass
+
+
+def pin(cpus: str) -> list[str]:
+    return ["taskset", "-c", cpus] if cpus else []
 
 
 def wait_exit(proc: subprocess.Popen[bytes], limit_s: float) -> None:
@@ -92,6 +98,14 @@ class Stack:
     @property
     def gateway(self) -> Child:
         return next(c for c in self.children if c.name == "gateway")
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by each live child, from /proc."""
+        out = {}
+        for child in self.children:
+            with contextlib.suppress(OSError):
+                out[child.name] = child.cpu_seconds()
+        return out
 
     def base_env(self) -> dict[str, str]:
         return {"LANEGATE_REDIS_URL": self.redis_url,
@@ -123,19 +137,20 @@ class Stack:
         await self.stop()
 
     async def start(self) -> None:
-        self.spawn("redis", ["redis-server", "--port", str(self.redis_port), "--bind",
-                             "127.0.0.1", "--dir", str(self.workdir / "data"),
-                             "--appendonly", "yes", "--save", "", "--protected-mode", "no"],
-                   {})
+        self.spawn("redis", [*pin(self.plan.redis_cpus), "redis-server",
+                             "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                             "--dir", str(self.workdir / "data"), "--appendonly", "yes",
+                             "--save", "", "--protected-mode", "no"], {})
         self.redis = aioredis.Redis.from_url(self.redis_url)
         await self.wait_for(self.redis_up, "redis-server", 10)
         lanegate = [sys.executable, "-m", "lanegate.cli"]
         for i, w in enumerate(self.plan.workers):
-            pin = ["taskset", "-c", w.cpus] if w.cpus else []
-            self.spawn(f"worker-{w.lane}-{i}", [*pin, *lanegate, "worker", "--lane", w.lane],
+            self.spawn(f"worker-{w.lane}-{i}",
+                       [*pin(w.cpus), *lanegate, "worker", "--lane", w.lane],
                        {**self.base_env(), "LANEGATE_WORKER_ID": f"bench-{w.lane}-{i}",
                         **w.env})
-        self.spawn("gateway", [*lanegate, "gateway"], self.base_env())
+        self.spawn("gateway", [*pin(self.plan.gateway_cpus), *lanegate, "gateway"],
+                   self.base_env())
         await self.wait_for(self.workers_up, "workers in the registry", 120)
         await self.wait_for(self.gateway_ready, "gateway /readyz", 60)
 
