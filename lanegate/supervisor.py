@@ -1,7 +1,7 @@
 """``lanegate up``: the embedded deployment in one command.
 
 Starts, in order: a ``redis-server`` child (unless ``redis_url`` is set) on a
-free loopback port with AOF on and its data under ``DATA_DIR/redis``; the
+free loopback port with AOF on, its data and log under ``DATA_DIR/redis``; the
 gateway; one realtime worker and one batch worker (one ``mixed`` worker
 instead when ``lanes = mixed``). Each child is ``sys.executable -m
 lanegate.cli <command>`` with the settings passed as ``LANEGATE_*``
@@ -259,7 +259,8 @@ def redis_child(settings: Settings, port: int, cpus: frozenset[int] | None) -> C
     os.makedirs(data, exist_ok=True)
     argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", data,
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-            "--protected-mode", "no", "--loglevel", "warning"]
+            "--protected-mode", "no", "--loglevel", "warning",
+            "--logfile", os.path.join(data, "redis.log")]
     return Child("redis", argv, dict(os.environ), cpus=cpus, stop_order=2,
                  ready=redis_ready(settings.redis_url))
 
