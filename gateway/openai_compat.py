@@ -58,6 +58,12 @@ FIELDS = frozenset({
     "timestamp_granularities[]", "timestamp_granularities", "stream",
 })
 
+#: the SDK announces its read timeout; the wait for a batch job ends before it
+CLIENT_TIMEOUT_HEADER = "x-stainless-read-timeout"
+CLIENT_TIMEOUT_SHARE = 0.9
+CLIENT_TIMEOUT_MARGIN_S = 1.0
+MIN_WAIT_S = 1.0
+
 #: ISO-639-1 code -> the language name OpenAI's verbose_json reports
 LANGUAGE_NAMES = {
     "en": "english", "de": "german", "fr": "french", "es": "spanish", "it": "italian",
@@ -194,6 +200,25 @@ def verbose_json(transcript: Transcript, granularities: frozenset[str]) -> dict[
     return body
 
 
+def client_wait_cap_s(request: web.Request) -> float | None:
+    """How long the client will wait for the answer, from the ``openai`` SDK's
+    ``x-stainless-read-timeout`` header, less a margin; None without the header.
+
+    Answering (504 naming the job, ``x-should-retry: false``) before the SDK's own
+    read timeout keeps it from retrying, which would queue the same audio again.
+    """
+    raw = request.headers.get(CLIENT_TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return None
+    if not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return max(MIN_WAIT_S, seconds * CLIENT_TIMEOUT_SHARE - CLIENT_TIMEOUT_MARGIN_S)
+
+
 # --- the handler --------------------------------------------------------------------------
 
 
@@ -241,6 +266,9 @@ async def _through_batch(request: web.Request, tenant: str, upload: Upload,
                               webhook_url=None, idem=None)
     jobs = jobs_of(request.app)
     timeout = wait_timeout_s(decoded.seconds, request.app[SETTINGS])
+    client_cap = client_wait_cap_s(request)
+    if client_cap is not None:
+        timeout = min(timeout, client_cap)
     log.info("openai_waiting", job_id=job.id, lane="batch", timeout_s=round(timeout, 1))
     headers = {"X-Lanegate-Job-Id": job.id}
     try:

@@ -253,3 +253,14 @@ async def test_invalid_fields_are_400(fields: dict[str, str], param: str, stack:
         body = await resp.json()
     assert body["error"]["param"] == param
     assert body["error"]["type"] == "invalid_request_error"
+
+
+def test_wait_ends_before_the_sdk_timeout(client: OpenAI, long_wav: Path, stack: Stack) -> None:
+    """The server would wait 11 s; an SDK that reads for 5 s gets the 504 (and the job
+    id) first, instead of timing out and retrying, which would queue the audio again."""
+    before = len(list_jobs(stack))
+    impatient = client.with_options(timeout=5.0)
+    with stack.paused("batch"), pytest.raises(openai.APIStatusError) as info:
+        impatient.audio.transcriptions.create(model="lanegate", file=long_wav)
+    assert info.value.status_code == 504
+    assert len(list_jobs(stack)) == before + 1
