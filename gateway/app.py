@@ -80,8 +80,9 @@ def _setup_optional(app: web.Application, module: str, func: str) -> None:
 
 def create_app(settings: Settings) -> web.Application:
     """The gateway application; Redis and the client session open on startup."""
-    app = web.Application(middlewares=[error_middleware],
-                          client_max_size=settings.max_upload_bytes)
+    # uploads stream their bodies (gateway/intake.py); every other body stays under
+    # aiohttp's default client_max_size (1 MiB)
+    app = web.Application(middlewares=[error_middleware])
     app[SETTINGS] = settings
     sockets: set[web.WebSocketResponse] = set()
     app[SOCKETS] = sockets
