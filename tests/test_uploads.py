@@ -493,3 +493,28 @@ async def test_webhook_url_makes_a_job_and_is_called(http: aiohttp.ClientSession
     assert json.loads(payload) == {"id": job["id"], "status": "completed"}
     digest = hmac.new(WEBHOOK_SECRET.encode(), payload, hashlib.sha256).hexdigest()
     assert hook_headers["X-Lanegate-Signature"] == f"sha256={digest}"
+
+
+async def test_client_gone_mid_upload_leaves_nothing(http: aiohttp.ClientSession,
+                                                     stack: Stack) -> None:
+    _, writer = await asyncio.open_connection("127.0.0.1", stack.port)
+    writer.write(
+        b"POST /v1/transcriptions HTTP/1.1\r\nHost: lanegate\r\n"
+        b"Authorization: Bearer " + KEY_A.encode() + b"\r\n"
+        b"Content-Type: audio/wav\r\nContent-Length: 1000000\r\n\r\n" + bytes(300_000)
+    )
+    await writer.drain()
+    assert await blobs_become(stack, present=True)  # the gateway is streaming it to disk
+    writer.close()  # gone with 700 kB still owed
+    await writer.wait_closed()
+    assert await blobs_become(stack, present=False)
+    async with http.get("/healthz") as resp:
+        assert resp.status == 200
+
+
+async def blobs_become(stack: Stack, *, present: bool) -> bool:
+    for _ in range(200):
+        if bool(list(stack.blob_dir.glob("*/*"))) is present:
+            return True
+        await asyncio.sleep(0.05)
+    return False
