@@ -30,7 +30,8 @@ READ_CHUNK = 64 * 1024
 WRITE_BATCH = 1024 * 1024
 #: a text form field (language, prompt, ...) longer than this is refused (400)
 FIELD_MAX_BYTES = 8 * 1024
-#: room for multipart boundaries and small fields when checking Content-Length
+#: room for multipart boundaries and small fields when checking Content-Length;
+#: also the most text all fields of one form may hold together
 MULTIPART_SLACK = 64 * 1024
 #: the blob file names of an upload before and after decoding
 SOURCE_NAME = "upload"
@@ -176,6 +177,7 @@ async def _read_multipart(request: web.Request, upload: Upload, settings: Settin
                           fields: Collection[str], *, strict: bool) -> None:
     reader = await request.multipart()
     seen_file = False
+    field_bytes = 0
     form: dict[str, list[str]] = {}
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
@@ -191,7 +193,13 @@ async def _read_multipart(request: web.Request, upload: Upload, settings: Settin
                                         upload.source, settings.max_upload_bytes)
             continue
         _check_name(name, fields, strict=strict)
-        form.setdefault(name, []).append(await _read_field(part, name))
+        value = await _read_field(part, name)
+        field_bytes += len(value)
+        if field_bytes > MULTIPART_SLACK:
+            raise UploadError(400, "fields_too_long",
+                              f"the form's text fields exceed {MULTIPART_SLACK} bytes")
+        if name in fields:  # fields unknown to a lenient endpoint are read and dropped
+            form.setdefault(name, []).append(value)
     if not seen_file:
         raise UploadError(400, "missing_file", "the `file` part is missing", param="file")
     upload.fields.update(form)  # form fields win over the query string
