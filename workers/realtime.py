@@ -205,13 +205,14 @@ class RealtimeWorker:
         try:
             session_id, rate = _session_params(request)
         except BadRequest as exc:
-            return await _refuse(ws, "bad_request", str(exc), CLOSE_POLICY)
+            return await self._refuse(ws, "bad_request", str(exc), CLOSE_POLICY)
         if self.draining:
-            return await _refuse(ws, "overloaded", "worker is draining", CLOSE_OVERLOADED)
+            return await self._refuse(ws, "overloaded", "worker is draining", CLOSE_OVERLOADED,
+                                      session_id)
         try:
             stream = self.engine.open_stream()
         except NoFreeSlot as exc:
-            return await _refuse(ws, "overloaded", str(exc), CLOSE_OVERLOADED)
+            return await self._refuse(ws, "overloaded", str(exc), CLOSE_OVERLOADED, session_id)
         session = RealtimeSession(session_id, rate, stream, self._vad,
                                   int(self.settings.max_window_s * self.engine.sample_rate))
         handle = self.loop.add(session)
@@ -246,6 +247,13 @@ class RealtimeWorker:
                 return None
             self.loop.wake()
         return None
+
+    async def _refuse(self, ws: web.WebSocketResponse, code: str, message: str,
+                      close_code: int, session_id: str | None = None) -> web.WebSocketResponse:
+        self._log.info("session_refused", session_id=session_id, code=code, message=message)
+        await ws.send_json({"type": "error", "code": code, "message": message})
+        await ws.close(code=close_code)
+        return ws
 
     def _reject(self, handle: SessionHandle, message: str) -> None:
         handle.send([{"type": "error", "code": "bad_request", "message": message}])
@@ -301,11 +309,6 @@ async def _send_outbox(ws: web.WebSocketResponse, handle: SessionHandle) -> None
             handle.abandoned = True
 
 
-async def _refuse(ws: web.WebSocketResponse, code: str, message: str,
-                  close_code: int) -> web.WebSocketResponse:
-    await ws.send_json({"type": "error", "code": code, "message": message})
-    await ws.close(code=close_code)
-    return ws
 
 
 async def _within(waitable: Any, timeout_s: float) -> bool:
