@@ -441,7 +441,10 @@ async def test_idle_stream_is_closed_with_timeout(
 # --- HTTP side ----------------------------------------------------------------------------
 
 
-def test_health_ready_metrics_and_json_errors(stack: Stack) -> None:
+async def test_health_ready_metrics_and_json_errors(
+    stack: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int]
+) -> None:
+    await stream_speech(http, stack, *one, key="gamma", speed=0)  # something to measure
     assert get(stack.url + "/healthz")[:2] == (200, {"status": "ok"})
     status, body, _ = get(stack.url + "/readyz")
     assert status == 200
