@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from conftest import read_pcm
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lanegate.settings import Settings
 from lanes.cost import CostModel
@@ -215,3 +217,26 @@ def test_a_burst_ages_at_real_time_pace(speech: Callable[..., Path]) -> None:
     assert live.candidate().oldest_pending_at == pytest.approx(100.55)
     live.take(800)
     assert live.candidate().oldest_pending_at == pytest.approx(102.0)
+
+
+@given(
+    pending=st.lists(st.tuples(st.integers(0, 20 * RATE), st.floats(0, 100)), max_size=40),
+    rate=st.floats(0.001, 2.0), fixed=st.floats(0.0, 0.06), per_seq=st.floats(0.0, 0.005),
+    capped=st.booleans(),
+)
+def test_plan_properties(pending: list[tuple[int, float]], rate: float, fixed: float,
+                         per_seq: float, capped: bool) -> None:
+    cands = [Candidate(f"s{i}", n, at) for i, (n, at) in enumerate(pending)]
+    limits = StepLimits(max_chunk_samples=CHUNK, budget_s=0.05, capped=capped)
+    plan = plan_step(cands, create_queue(), model(rate, fixed, per_seq), limits)
+    waiting = {c.session_id: c.pending_samples for c in cands if c.pending_samples}
+    taken = {c.session_id: c.samples for c in plan.chunks}
+    assert bool(plan) == bool(waiting), "progress whenever audio waits"
+    assert len(taken) == len(plan.chunks), "a session appears once"
+    assert all(0 < taken[s] <= waiting[s] for s in taken)
+    if not capped:
+        assert taken == waiting
+        return
+    assert all(n <= CHUNK for n in taken.values())
+    if len(plan.chunks) > 1:
+        assert plan.estimated_s <= limits.budget_s + 1e-9
