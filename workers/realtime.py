@@ -329,7 +329,7 @@ def _bound_port(runner: web.AppRunner) -> int:
 async def serve(settings: Settings, lane: str) -> int:
     log = get_logger("lanegate.worker", lane=lane)
     engine = await asyncio.get_running_loop().run_in_executor(
-        None, lambda: create_engine(settings, slots=settings.slots))
+        None, lambda: create_engine(settings, slots=settings.slots, batch=lane == "mixed"))
     redis = aioredis.Redis.from_url(settings.redis_url)
     worker = RealtimeWorker(settings, engine, redis, lane=lane)
     await worker.start()

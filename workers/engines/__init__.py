@@ -11,12 +11,13 @@ __all__ = ["ENGINES", "CostPrior", "Engine", "EngineStream", "Hypothesis", "NoFr
            "create_engine"]
 
 
-def create_engine(settings: Settings, *, slots: int) -> Engine:
-    """The engine named by ``settings.engine`` with ``slots`` preloaded decoder slots."""
+def create_engine(settings: Settings, *, slots: int, batch: bool = True) -> Engine:
+    """The engine named by ``settings.engine`` with ``slots`` preloaded decoder slots;
+    ``batch=False`` skips loading what only ``transcribe_batch`` needs."""
     if settings.engine == "pocketsphinx":
         from workers.engines.pocketsphinx import PocketsphinxEngine
 
-        return PocketsphinxEngine(settings, slots=slots)
+        return PocketsphinxEngine(settings, slots=slots, batch_decoder=batch)
     if settings.engine == "simulated":
         from workers.engines.simulated import SimulatedEngine
 
