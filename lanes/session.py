@@ -120,12 +120,10 @@ class RealtimeSession:
         the moment it came. Oldest-first then serves live streams on their beat and
         still digests a burst faster than real time whenever the budget allows.
         """
-        at = 0.0
-        for start, paced in self._arrivals:
-            if start > self.cursor:
-                break
-            at = paced + (self.cursor - start) / RATE
-        return at
+        for start, paced in reversed(self._arrivals):  # the cursor is usually near the end
+            if start <= self.cursor:
+                return paced + (self.cursor - start) / RATE
+        return 0.0
 
     @property
     def finished(self) -> bool:
