@@ -20,7 +20,6 @@ from bench.stack import Stack
 from bench.stats import Histogram, merge, parse_histograms, summary
 
 STREAMS_PER_LOAD_PROCESS = 128
-CDF_POINTS = 200
 
 
 def live_specs(url: str, n: int, duration_s: float, pcm_path: Path, *,
@@ -107,11 +106,17 @@ def step_delta(before: dict[str, dict[str, Histogram]],
     return {lane: merge(hs).to_json() for lane, hs in lanes.items()}
 
 
-def cdf(samples: list[float]) -> list[float]:
+#: percentiles stored for the CDF plots: every 1 %, denser in the tail
+CDF_PERCENTILES = sorted({*range(0, 100), *np.arange(99.0, 100.0, 0.1).round(1).tolist(),
+                          *np.arange(99.9, 100.0, 0.01).round(2).tolist(), 100.0})
+
+
+def cdf(samples: list[float]) -> list[list[float]]:
+    """[percentile, latency ms] pairs."""
     if not samples:
         return []
-    qs = np.linspace(0, 100, CDF_POINTS + 1)
-    return [round(float(v), 2) for v in np.percentile(np.asarray(samples), qs)]
+    values = np.percentile(np.asarray(samples), CDF_PERCENTILES)
+    return [[float(q), round(float(v), 2)] for q, v in zip(CDF_PERCENTILES, values, strict=True)]
 
 
 def timeline(results: list[dict[str, Any]], bin_s: float = 0.5) -> list[list[float]]:

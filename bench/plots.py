@@ -33,22 +33,36 @@ def _present(r: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
     return out
 
 
+def _grid(n: int) -> tuple[Any, list[Any]]:
+    cols = 2 if n > 1 else 1
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
 def latency_cdf(r: dict[str, Any], path: Path) -> None:
+    """Partial-latency CDF per design; the y axis is logit so the p99 tail is visible."""
     groups = _present(r)
-    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
-    for ax, (title, items) in zip(axes[0], groups, strict=True):
+    fig, axes = _grid(len(groups))
+    for ax, (title, items) in zip(axes, groups, strict=True):
         for key, label in items:
-            cdf = r[key]["partial_cdf_ms"]
-            if not cdf:
+            points = [(q / 100, v) for q, v in r[key]["partial_cdf_ms"] if 0 < q < 100]
+            if not points:
                 continue
-            ys = [100 * i / (len(cdf) - 1) for i in range(len(cdf))]
             p99 = r[key]["partial_ms"]["p99"]
-            ax.plot([max(v, 0.1) for v in cdf], ys, label=f"{label} (p99 {p99:.0f} ms)")
+            n = r[key]["partial_ms"]["count"]
+            ax.plot([max(v, 0.1) for _, v in points], [q for q, _ in points],
+                    label=f"{label}: p99 {p99:.0f} ms (n={n})")
         ax.axvline(RED_LINE_MS, color="red", linestyle="--", linewidth=1, label="300 ms")
-        ax.axhline(99, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log")
+        ax.set_yscale("logit")
+        ax.set_yticks([0.1, 0.5, 0.9, 0.99, 0.999])
+        ax.set_yticklabels(["p10", "p50", "p90", "p99", "p99.9"])
         ax.set_xlabel("partial latency (ms, log)")
-        ax.set_ylabel("% of partials at or below")
+        ax.set_ylabel("percentile")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(True, which="both", alpha=0.3)
@@ -80,8 +94,8 @@ def step_histogram(r: dict[str, Any], path: Path) -> None:
     groups = [g for g in groups if g[1]]
     if not groups:
         return
-    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
-    for ax, (title, items) in zip(axes[0], groups, strict=True):
+    fig, axes = _grid(len(groups))
+    for ax, (title, items) in zip(axes, groups, strict=True):
         width = 0.8 / len(items)
         for i, (key, label) in enumerate(items):
             st = _steps(r[key])

@@ -58,6 +58,13 @@ class Histogram:
             prev_le, prev_c = le, c
         return prev_le
 
+    def max_bound(self) -> float | None:
+        """The smallest bucket edge that holds every observation (the max is at most it)."""
+        for le in sorted(self.buckets):
+            if self.count > 0 and self.buckets[le] >= self.count:
+                return None if math.isinf(le) else le
+        return None
+
     def fraction_le(self, bound: float) -> float | None:
         """Share of observations at most ``bound`` (``bound`` must be a bucket edge)."""
         if self.count <= 0:
@@ -74,6 +81,8 @@ class Histogram:
             "mean_ms": ms(self.total / self.count) if self.count else None,
             "p50_ms": ms(p50), "p95_ms": ms(p95), "p99_ms": ms(p99),
             "share_le_50ms": self.fraction_le(0.05),
+            "over_50ms": int(self.count - self.buckets.get(0.05, 0.0)),
+            "max_at_most_ms": ms(self.max_bound()),
             "buckets": {("+Inf" if math.isinf(le) else repr(le)): int(c)
                         for le, c in sorted(self.buckets.items())},
         }
