@@ -122,8 +122,11 @@ def verdict_s4(r: dict[str, Any]) -> dict[str, Any]:
     share = cap.get("share_le_50ms")
     errors = {k: r[k]["errors"] for k in ("s4_sim-cap", "s4_sim-nocap")
               if r.get(k, {}).get("errors")}
+    clean = _served_all(r.get("s4_sim-cap", {}))
     return _verdict("with the cap every step p99 <= 50 ms (>= 99% of steps in the <= 50 ms "
-                    "buckets); without it, the stall", None if share is None else share >= 0.99,
+                    "buckets), every stream served; without it, the stall",
+                    None if share is None else share >= 0.99 and clean,
+                    streams_served=r.get("s4_sim-cap", {}).get("streams_served"),
                     cap_step_p99_ms=cap.get("p99_ms"), cap_share_le_50ms=share,
                     nocap_step_p99_ms=nocap.get("p99_ms"),
                     nocap_share_le_50ms=nocap.get("share_le_50ms"),
@@ -148,6 +151,7 @@ def verdict_s5(r: dict[str, Any]) -> dict[str, Any]:
     return _verdict("added latency p99 (through the gateway minus direct to the workers) "
                     "<= 10 ms, every stream served", None if added is None else
                     added <= 10.0 and clean,
+                    streams_served_via_gateway=gw.get("streams_served"),
                     via_gateway_p99_ms=gp, direct_p99_ms=dp, added_p99_ms=added,
                     via_gateway_p50_ms=gw.get("partial_ms", {}).get("p50"),
                     direct_p50_ms=direct.get("partial_ms", {}).get("p50"),

@@ -17,6 +17,8 @@ from bench.measure import dump_spec, live_specs, stream_url, window, worker_sess
 from bench.stack import Stack, StackPlan, WorkerPlan
 
 ALL_SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6")
+#: seconds over which the scale scenario opens its streams (50 per second for 500)
+SCALE_RAMP_S = 10.0
 
 
 @dataclass
@@ -199,11 +201,11 @@ class Bench:
         async with self.stack(free_plan(self.o)) as stack:
             self.record(stack)
             gw = await window(stack, "via-gateway",
-                              live_specs(stream_url(stack.url), n, d, live, ramp_s=5.0),
+                              live_specs(stream_url(stack.url), n, d, live, ramp_s=SCALE_RAMP_S),
                               self.work, d)
             workers = await stack.realtime_workers()
             specs = [s for k, w in enumerate(workers) for s in
-                     live_specs(worker_session_url(w.url), n, d, live, ramp_s=5.0)
+                     live_specs(worker_session_url(w.url), n, d, live, ramp_s=SCALE_RAMP_S)
                      [k::len(workers)]]
             direct = await window(stack, "direct", specs, self.work, d)
         self.results["s5_via_gateway"] = gw
