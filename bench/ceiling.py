@@ -1,6 +1,8 @@
 """The batch lane's ceiling: the raw pocketsphinx Decoder on the same audio, outside the service.
 
 Run pinned to the batch worker's core: ``taskset -c 1 python -m bench.ceiling A.wav ...``.
+``python -m bench.ceiling --stream A.wav SECONDS`` times the realtime lane's engine
+work instead (100 ms chunks), for the cross-core interference check.
 It decodes exactly what the batch lane decodes (the same VAD segments, the
 same decoder configuration, with the second pass) and prints one JSON line:
 audio seconds per wall second over the whole files.
@@ -56,7 +58,34 @@ def measure(paths: list[Path]) -> dict[str, float | int | str]:
             "cpus": ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))}
 
 
+def measure_stream(path: Path, seconds: float) -> dict[str, float | int | str]:
+    """The realtime lane's engine work alone: one stream decoder fed 100 ms chunks (no
+    second pass), as many passes over the file as fit in ``seconds``; CPU s per audio s."""
+    settings = Settings.from_env()
+    decoder = Decoder(**decoder_config(settings, fwdflat=settings.ps_fwdflat))
+    pcm = read_wav(path)
+    chunk = RATE * 2 // 10
+    utterance = RATE * 2 * 20  # restart the utterance every 20 s of audio, like an endpoint
+    audio_s = wall = 0.0
+    off = 0
+    while wall < seconds:
+        w0 = time.perf_counter()
+        decoder.start_utt()
+        for start in range(off, off + utterance, chunk):
+            decoder.process_raw(pcm[start % len(pcm):start % len(pcm) + chunk], False, False)
+        decoder.end_utt()
+        wall += time.perf_counter() - w0
+        audio_s += utterance / (RATE * 2)
+        off = (off + utterance) % len(pcm)
+    return {"audio_s": round(audio_s, 2), "wall_s": round(wall, 3),
+            "wall_s_per_audio_s": round(wall / audio_s, 5),
+            "cpus": ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))}
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--stream":
+        print(json.dumps(measure_stream(Path(argv[1]), float(argv[2]))))
+        return 0
     print(json.dumps(measure([Path(p) for p in argv])))
     return 0
 

@@ -132,6 +132,28 @@ class Bench:
         self.results["ceiling"] = json.loads(stdout)
         print(f"ceiling: {self.results['ceiling']}", flush=True)
 
+    async def pinned(self, cpus: str, *args: str) -> dict[str, Any]:
+        proc = await asyncio.create_subprocess_exec(
+            "taskset", "-c", cpus, sys.executable, "-m", "bench.ceiling", *args,
+            stdout=subprocess.PIPE)
+        stdout, _ = await proc.communicate()
+        result: dict[str, Any] = json.loads(stdout)
+        return result
+
+    async def interference(self) -> None:
+        """The realtime engine's speed on the realtime CPU with the batch CPU idle, then
+        with the batch engine decoding there: what sharing one chip costs, service aside."""
+        clip = str(self.flood_files()[0])
+        alone = await self.pinned(self.o.rt_cpus, "--stream", clip, "15")
+        hog = asyncio.create_task(self.pinned(self.o.batch_cpus, clip, clip))
+        await asyncio.sleep(1.0)
+        busy = await self.pinned(self.o.rt_cpus, "--stream", clip, "15")
+        await hog
+        slowdown = busy["wall_s_per_audio_s"] / alone["wall_s_per_audio_s"]
+        self.results["interference"] = {"rt_alone": alone, "rt_with_batch_busy": busy,
+                                        "slowdown": round(slowdown, 3)}
+        print(f"interference: x{slowdown:.3f}", flush=True)
+
     async def split(self) -> None:
         want = set(self.o.scenarios)
         live = self.speech_pcm("live", 180, 1)
@@ -233,6 +255,7 @@ class Bench:
         want = set(self.o.scenarios)
         steps: list[tuple[bool, Any]] = [
             (bool(want & {"s1", "s3"}), self.ceiling),
+            ("s1" in want, self.interference),
             (bool(want & {"s1", "s2", "s3"}), self.split),
             ("s2" in want, self.nocap),
             ("s1" in want, self.mixed),
