@@ -255,6 +255,13 @@ def batch_lines(r: dict[str, Any]) -> list[str]:
                    f"decoder config, pinned to CPU {ceil['cpus']}): {ceil['audio_s']} s of "
                    f"audio in {ceil['wall_s']} s = **{ceil['audio_s_per_wall_s']} audio s per "
                    f"wall s**.")
+    inter = r.get("interference")
+    if inter:
+        out.append(f"- Same chip, service aside: the realtime engine (100 ms chunks) on CPU "
+                   f"{inter['rt_alone']['cpus']} takes {inter['rt_alone']['wall_s_per_audio_s']}"
+                   f" s per audio s with the other CPU idle and "
+                   f"{inter['rt_with_batch_busy']['wall_s_per_audio_s']} s while the batch "
+                   f"engine decodes on the other CPU (x{inter['slowdown']}).")
     s3 = r.get("s3_split_batch")
     if s3:
         out.append(f"- `split` batch lane: {s3.get('completed')} of {s3.get('jobs')} jobs "

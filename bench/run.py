@@ -144,10 +144,10 @@ class Bench:
         """The realtime engine's speed on the realtime CPU with the batch CPU idle, then
         with the batch engine decoding there: what sharing one chip costs, service aside."""
         clip = str(self.flood_files()[0])
-        alone = await self.pinned(self.o.rt_cpus, "--stream", clip, "15")
-        hog = asyncio.create_task(self.pinned(self.o.batch_cpus, clip, clip))
-        await asyncio.sleep(1.0)
-        busy = await self.pinned(self.o.rt_cpus, "--stream", clip, "15")
+        alone = await self.pinned(self.o.rt_cpus, "--stream", clip, "8")
+        hog = asyncio.create_task(self.pinned(self.o.batch_cpus, clip))
+        await asyncio.sleep(1.5)  # the hog's start-up: model load and VAD
+        busy = await self.pinned(self.o.rt_cpus, "--stream", clip, "8")
         await hog
         slowdown = busy["wall_s_per_audio_s"] / alone["wall_s_per_audio_s"]
         self.results["interference"] = {"rt_alone": alone, "rt_with_batch_busy": busy,
