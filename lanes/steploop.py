@@ -154,18 +154,26 @@ class StepLoop:
     def _settle_all(self) -> None:
         now = time.monotonic()
         for handle in list(self.sessions.values()):
-            session = handle.session
             if handle.abandoned:
                 self._drop(handle, "abandoned")
                 continue
-            if self._flush_all:
-                session.end(now)
-                handle.send(self._counted(session.flush_now()))
-            handle.send(self._counted(session.settle()))
-            if session.finished:
-                handle.send([{"type": "done"}])
-                handle.outbox.put_nowait(Close(CLOSE_NORMAL))
-                self._drop(handle, "done")
+            try:
+                self._settle(handle, now)
+            except Exception:  # one session's failure must not stop the others
+                self._log.exception("session_failed", session_id=handle.session.session_id)
+                self._fail(handle, "the worker failed on this session")
+                self._drop(handle, "failed")
+
+    def _settle(self, handle: SessionHandle, now: float) -> None:
+        session = handle.session
+        if self._flush_all:
+            session.end(now)
+            handle.send(self._counted(session.flush_now()))
+        handle.send(self._counted(session.settle()))
+        if session.finished:
+            handle.send([{"type": "done"}])
+            handle.outbox.put_nowait(Close(CLOSE_NORMAL))
+            self._drop(handle, "done")
 
     async def _run_step(self, plan: StepPlan) -> None:
         handles = [self.sessions[c.session_id] for c in plan.chunks]
@@ -182,7 +190,11 @@ class StepLoop:
             return
         self._record_step(time.perf_counter() - started, plan.audio_samples, len(work))
         for handle, hyp in zip(handles, hyps, strict=True):
-            handle.send(self._counted(handle.session.after_chunk(hyp)))
+            try:
+                handle.send(self._counted(handle.session.after_chunk(hyp)))
+            except Exception:
+                self._log.exception("session_failed", session_id=handle.session.session_id)
+                self._fail(handle, "the worker failed on this session")
 
     async def _run_batch_item(self, item: BatchItem) -> None:
         started = time.perf_counter()
@@ -222,8 +234,11 @@ class StepLoop:
 
     def _drop(self, handle: SessionHandle, reason: str) -> None:
         session = handle.session
-        session.close()
         self.sessions.pop(session.session_id, None)
+        try:
+            session.close()
+        except Exception:  # the slot is lost, the worker is not
+            self._log.exception("slot_close_failed", session_id=session.session_id)
         self._gauges()
         self._log.info("session_end", session_id=session.session_id, reason=reason,
                        audio_s=round(session.audio_received_s, 3), finals=session.segment,
