@@ -250,7 +250,8 @@ async def _transcribe(request: web.Request, tenant: str, upload: Upload,
     route = route_upload(decoded.seconds, async_requested=False,
                          settings=request.app[SETTINGS])
     if route.sync:
-        transcript = await transcribe_now(request, upload.upload_id, decoded, options.language)
+        transcript = await transcribe_now(request, tenant, upload.upload_id, decoded,
+                                          options.language)
         if transcript is not None:
             return transcript, {"X-Lanegate-Lane": "realtime"}
         route = busy_fallback()

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from redis.exceptions import RedisError
 
+from gateway.auth import acquire_session, release_session
+from gateway.state import REDIS, SETTINGS
 from gateway.workers_client import (
     NoWorkers,
     Overloaded,
@@ -26,6 +29,8 @@ from gateway.workers_client import (
 from lanegate.constants import ENGINE_SAMPLE_RATE, SAMPLE_WIDTH
 from lanegate.logs import get_logger
 from lanegate.transcript import Segment, Transcript, Word
+from lanes.routing import realtime_admits
+from workers.registry import list_workers
 
 log = get_logger("gateway.realtime_upload")
 
@@ -48,13 +53,44 @@ class RealtimeFailed(Exception):
 
 
 async def transcribe_realtime(app: web.Application, pcm: Path, *, session_id: str,
-                              language: str, duration: float, timeout_s: float) -> Transcript:
+                              tenant: str, language: str, duration: float,
+                              timeout_s: float) -> Transcript:
     """Transcribe ``pcm`` (16 kHz s16le mono) on a realtime worker.
 
-    Raises :class:`RealtimeUnavailable` when no worker takes the session or the
-    worker is lost before the end, :class:`RealtimeFailed` for a worker error
-    and ``TimeoutError`` after ``timeout_s``.
+    Raises :class:`RealtimeUnavailable` when the lane has no slot to spare (see
+    :func:`admit`), no worker takes the session or the worker is lost before the
+    end; :class:`RealtimeFailed` for a worker error; ``TimeoutError`` after
+    ``timeout_s``.
     """
+    await admit(app, tenant, session_id)
+    try:
+        segments = await _transcribe(app, pcm, session_id=session_id, language=language,
+                                     timeout_s=timeout_s)
+    finally:
+        with contextlib.suppress(RedisError):  # the lease expires by itself
+            await release_session(app[REDIS], app[SETTINGS], tenant, session_id)
+    return Transcript.from_segments(segments, duration=duration, language=language)
+
+
+async def admit(app: web.Application, tenant: str, session_id: str) -> None:
+    """Take a place on the realtime lane for an upload, or raise RealtimeUnavailable.
+
+    The lane must have more free slots than ``upload_reserve_slots`` (from the
+    registry, up to one heartbeat old), and the upload counts as one of the API
+    key's ``max_sessions_per_key`` concurrent realtime sessions, like a stream.
+    """
+    redis, settings = app[REDIS], app[SETTINGS]
+    free = sum(w.slots_free for w in await list_workers(redis, "realtime") if not w.draining)
+    if not realtime_admits(free, settings):
+        raise RealtimeUnavailable(
+            f"{free} free realtime slots; {settings.upload_reserve_slots} are kept for "
+            "live streams")
+    if not await acquire_session(redis, settings, tenant, session_id):
+        raise RealtimeUnavailable("the API key holds its maximum of realtime sessions")
+
+
+async def _transcribe(app: web.Application, pcm: Path, *, session_id: str, language: str,
+                      timeout_s: float) -> list[Segment]:
     try:
         session = await open_worker_session(
             app, session_id=session_id, sample_rate=ENGINE_SAMPLE_RATE, language=language)
@@ -62,13 +98,12 @@ async def transcribe_realtime(app: web.Application, pcm: Path, *, session_id: st
         raise RealtimeUnavailable(str(exc) or type(exc).__name__) from exc
     try:
         async with asyncio.timeout(timeout_s):
-            segments = await _run(session, pcm)
+            return await _run(session, pcm)
     except WorkerLost as exc:
         raise RealtimeUnavailable(str(exc)) from exc
     finally:
         with contextlib.suppress(Exception):
             await session.close()
-    return Transcript.from_segments(segments, duration=duration, language=language)
 
 
 async def _run(session: WorkerSession, pcm: Path) -> list[Segment]:

@@ -252,7 +252,8 @@ def _options_or_cleanup(request: web.Request, upload: Upload) -> UploadOptions:
 async def _answer(request: web.Request, tenant: str, upload: Upload, decoded: DecodedAudio,
                   options: UploadOptions, route: Route, idem: str | None) -> web.StreamResponse:
     if route.sync:
-        transcript = await transcribe_now(request, upload.upload_id, decoded, options.language)
+        transcript = await transcribe_now(request, tenant, upload.upload_id, decoded,
+                                          options.language)
         if transcript is not None:
             return result_response(transcript, options.response_format,
                                    headers={"X-Lanegate-Lane": "realtime"})
@@ -267,8 +268,8 @@ async def _answer(request: web.Request, tenant: str, upload: Upload, decoded: De
     return job_response(job, status=202, headers=headers)
 
 
-async def transcribe_now(request: web.Request, upload_id: str, decoded: DecodedAudio,
-                         language: str) -> Transcript | None:
+async def transcribe_now(request: web.Request, tenant: str, upload_id: str,
+                         decoded: DecodedAudio, language: str) -> Transcript | None:
     """The transcript from the realtime lane, or None when the lane cannot take it
     (the caller then queues a job). The blob is deleted unless None is returned."""
     app = request.app
@@ -276,7 +277,7 @@ async def transcribe_now(request: web.Request, upload_id: str, decoded: DecodedA
     timeout = wait_timeout_s(decoded.seconds, app[SETTINGS])
     try:
         transcript = await transcribe_realtime(
-            app, decoded.path, session_id=upload_id, language=language,
+            app, decoded.path, session_id=upload_id, tenant=tenant, language=language,
             duration=decoded.seconds, timeout_s=timeout)
     except RealtimeUnavailable as exc:
         log.info("realtime_unavailable", job_id=upload_id, lane="realtime", reason=str(exc))

@@ -89,6 +89,10 @@ class Settings:
 
     # --- batch lane ------------------------------------------------------
     sync_max_seconds: float = _s(30.0, "Uploads up to this long are answered synchronously.")
+    upload_reserve_slots: int = _s(
+        1, "Realtime slots kept free for live streams: a short upload is answered on the "
+        "realtime lane only while more slots than this are free, else it becomes a job."
+    )
     max_upload_bytes: int = _s(512 * 1024 * 1024, "Largest upload accepted (413).")
     max_audio_seconds: float = _s(4 * 3600.0, "Longest upload accepted (422).")
     batch_max_audio_s: float = _s(120.0, "Most audio in one batch-engine call across jobs.")

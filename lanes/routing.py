@@ -51,6 +51,13 @@ def busy_fallback() -> Route:
     return Route(Lane.BATCH, Reason.REALTIME_BUSY)
 
 
+def realtime_admits(free_slots: int, settings: Settings) -> bool:
+    """Whether a short upload may take a realtime slot: only while more than
+    ``upload_reserve_slots`` are free, so uploads never take the last ones from live
+    streams (the upload then becomes a batch job)."""
+    return free_slots > settings.upload_reserve_slots
+
+
 def wait_timeout_s(audio_seconds: float, settings: Settings) -> float:
     """How long a request may wait for its transcript (realtime session or batch job)."""
     return settings.wait_base_s + settings.wait_per_audio_s * audio_seconds

@@ -129,8 +129,12 @@ def _wait_ready(stack: Stack, *, batch: bool) -> None:
 
 
 def start_stack(workdir: Path, *, settings: dict[str, str] | None = None,
-                batch: bool = True, realtime_slots: int = 2) -> Stack:
-    """Redis, gateway, a realtime worker and (``batch``) a batch worker, all ready."""
+                batch: bool = True, realtime_slots: int = 3) -> Stack:
+    """Redis, gateway, a realtime worker and (``batch``) a batch worker, all ready.
+
+    Three realtime slots: with one kept for live streams (``upload_reserve_slots``)
+    and the registry up to a heartbeat stale, back-to-back short uploads still
+    find the realtime lane open."""
     workdir.mkdir(parents=True, exist_ok=True)
     server = RedisServer(workdir / "redis")
     server.start()

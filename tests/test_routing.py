@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from lanegate.settings import Settings
-from lanes.routing import Lane, Reason, busy_fallback, route_upload, wait_timeout_s
+from lanes.routing import (
+    Lane,
+    Reason,
+    busy_fallback,
+    realtime_admits,
+    route_upload,
+    wait_timeout_s,
+)
 
 SETTINGS = Settings(sync_max_seconds=30.0, wait_base_s=30.0, wait_per_audio_s=2.0)
 
@@ -43,3 +50,12 @@ def test_busy_realtime_lane_falls_back_to_batch() -> None:
 def test_wait_timeout_scales_with_audio() -> None:
     assert wait_timeout_s(0.0, SETTINGS) == pytest.approx(30.0)
     assert wait_timeout_s(90.0, SETTINGS) == pytest.approx(210.0)
+
+
+def test_uploads_leave_reserved_realtime_slots_to_streams() -> None:
+    settings = SETTINGS.replace(upload_reserve_slots=1)
+    assert realtime_admits(2, settings)
+    assert not realtime_admits(1, settings)
+    assert not realtime_admits(0, settings)
+    assert realtime_admits(1, settings.replace(upload_reserve_slots=0))
+    assert not realtime_admits(0, settings.replace(upload_reserve_slots=0))

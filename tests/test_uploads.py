@@ -7,6 +7,7 @@ synchronously by the realtime lane; long or async ones become batch jobs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -60,6 +61,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "LANEGATE_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
         "LANEGATE_MAX_AUDIO_SECONDS": str(MAX_AUDIO_S),
         "LANEGATE_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "LANEGATE_MAX_SESSIONS_PER_KEY": "1",
+        "LANEGATE_UPLOAD_RESERVE_SLOTS": "1",
     })
     yield running
     running.stop()
@@ -518,3 +521,55 @@ async def blobs_become(stack: Stack, *, present: bool) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+@contextlib.asynccontextmanager
+async def live_streams(stack: Stack, key: str, count: int) -> AsyncIterator[None]:
+    """``count`` live /v1/stream sessions of ``key``, each holding a realtime slot."""
+    async with aiohttp.ClientSession(base_url=stack.url, headers=bearer(key)) as http:
+        sockets = []
+        try:
+            for _ in range(count):
+                ws = await http.ws_connect("/v1/stream?sample_rate=16000")
+                ready = await ws.receive_json(timeout=30)
+                assert ready["type"] == "ready", ready
+                await ws.send_bytes(bytes(3200))
+                sockets.append(ws)
+            yield
+        finally:
+            for ws in sockets:
+                await ws.close()
+
+
+async def free_slots_become(http: aiohttp.ClientSession, want: int) -> None:
+    """Wait until the registry (one heartbeat behind) shows ``want`` free realtime slots."""
+    for _ in range(200):
+        async with http.get("/readyz") as resp:
+            if (await resp.json()).get("free_slots") == want:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"free realtime slots never became {want}")
+
+
+async def test_uploads_leave_the_reserved_slot_to_live_streams(
+        http: aiohttp.ClientSession, short_wav: Path, stack: Stack) -> None:
+    async with live_streams(stack, KEY_B, 1), live_streams(stack, KEY_C, 1):
+        await free_slots_become(http, 1)  # 3 slots, 2 live streams: only the reserve left
+        status, headers, body = await post(http, form(short_wav, response_format="text"))
+    assert status == 202, body
+    assert headers["X-Lanegate-Lane"] == "batch"
+    await wait_done(http, headers["Location"].rsplit("/", 1)[1])
+    await free_slots_become(http, 3)
+
+
+async def test_uploads_count_as_realtime_sessions_of_their_key(
+        http: aiohttp.ClientSession, short_wav: Path, stack: Stack) -> None:
+    async with live_streams(stack, KEY_B, 1):  # KEY_B is at its limit of 1 session
+        await free_slots_become(http, 2)
+        status, queued, _ = await post(http, form(short_wav), headers=bearer(KEY_B))
+        assert status == 202
+        assert queued["X-Lanegate-Lane"] == "batch"
+        status, answered, _ = await post(http, form(short_wav))  # KEY_A is not
+        assert status == 200
+        assert answered["X-Lanegate-Lane"] == "realtime"
+    await wait_done(http, queued["Location"].rsplit("/", 1)[1], headers=bearer(KEY_B))
