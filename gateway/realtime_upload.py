@@ -27,12 +27,9 @@ from gateway.workers_client import (
     open_worker_session,
 )
 from lanegate.constants import ENGINE_SAMPLE_RATE, SAMPLE_WIDTH
-from lanegate.logs import get_logger
 from lanegate.transcript import Segment, Transcript, Word
 from lanes.routing import realtime_admits
 from workers.registry import list_workers
-
-log = get_logger("gateway.realtime_upload")
 
 #: audio per binary frame sent to the worker (the worker caps each step anyway)
 FRAME_MS = 1000
