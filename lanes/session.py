@@ -34,6 +34,10 @@ TRIM_SAMPLES = RATE
 CUT_TOLERANCE_S = 0.02
 # An idle decoder restarts only if no open VAD segment reaches further back than this.
 RESTART_SLACK = RATE
+# Audio the VAD analyses at once when it arrives; more waits for the step loop,
+# which analyses VAD_STEP_SAMPLES per session per iteration (about 1-3 ms of VAD).
+VAD_INLINE_SAMPLES = RATE
+VAD_STEP_SAMPLES = 2 * RATE
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ class RealtimeSession:
         self._paced_until = 0.0  # paced arrival time of the end of the audio so far
         self._max_utterance = max_utterance_samples
         self.segment = 0
-        self.ended = False
+        self.ended = False  # the client sent its last audio
+        self._vad_flushed = False
         self.closed = False
         self.audio_received_s = 0.0
 
@@ -76,14 +81,16 @@ class RealtimeSession:
     def receive(self, pcm: bytes, now: float) -> None:
         self.audio_received_s += len(pcm) / BYTES_PER_SAMPLE / self.sample_rate
         self._append(self._resampler.push(pcm), now)
+        self.analyse(VAD_INLINE_SAMPLES)
 
     def end(self, now: float) -> None:
-        """No more audio: drain the resampler and the VAD (an open segment ends, "end")."""
+        """No more audio: drain the resampler; the VAD is flushed once it has seen
+        everything (an open segment then ends with reason "end")."""
         if self.ended:
             return
         self._append(self._resampler.flush(), now)
-        self._queue_cuts(self._vad.flush())
         self.ended = True
+        self.analyse(VAD_INLINE_SAMPLES)
 
     def _append(self, pcm16k: bytes, now: float) -> None:
         if not pcm16k:
@@ -93,12 +100,31 @@ class RealtimeSession:
         paced = max(now, self._paced_until)
         self._arrivals.append((start, paced))
         self._paced_until = paced + (self.buffered_end - start) / RATE
-        self._queue_cuts(self._vad.push(pcm16k))
+
+    def analyse(self, max_samples: int) -> None:
+        """Run the VAD over at most ``max_samples`` more of the buffered audio.
+
+        Live frames are analysed as they arrive; a burst (10 s, or a 200 s
+        simulated prefill) is analysed a slice per loop iteration, so that no
+        single call blocks the worker's event loop for long.
+        """
+        todo = min(max_samples, self.buffered_end - self._vad.position)
+        if todo > 0:
+            off = (self._vad.position - self._base) * BYTES_PER_SAMPLE
+            self._queue_cuts(self._vad.push(self._buf[off : off + todo * BYTES_PER_SAMPLE]))
+        if self.ended and not self._vad_flushed and self._vad.position == self.buffered_end:
+            self._queue_cuts(self._vad.flush())
+            self._vad_flushed = True
 
     def _queue_cuts(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, SegmentEnded):
                 self._cuts.append(CutPoint(event, self._vad.position))
+
+    @property
+    def analysis_pending(self) -> bool:
+        """Audio (or the end) the VAD has yet to see."""
+        return self._vad.position < self.buffered_end or (self.ended and not self._vad_flushed)
 
     # --- the scheduler's view -----------------------------------------------
     @property
@@ -106,7 +132,8 @@ class RealtimeSession:
         """How far the cursor may go now: the next cut, or all buffered audio."""
         if self._cuts:
             return min(self._cuts[0].segment.end, self.buffered_end)
-        return self.cursor if self.ended else self.buffered_end
+        # Audio the VAD has not seen yet may still hold a cut.
+        return self.cursor if self._vad_flushed else self._vad.position
 
     def candidate(self) -> Candidate:
         pending = max(0, self.decode_limit - self.cursor)
@@ -128,7 +155,7 @@ class RealtimeSession:
     @property
     def finished(self) -> bool:
         """Ended and every final sent: only ``done`` is left."""
-        return self.ended and not self._cuts
+        return self._vad_flushed and not self._cuts
 
     def take(self, samples: int) -> bytes:
         """The next ``samples`` of audio for the decoder; advances the cursor."""
@@ -157,6 +184,7 @@ class RealtimeSession:
 
     def flush_now(self) -> list[Event]:
         """Drain timeout: finals for every queued cut with what is decoded so far."""
+        self.analyse(self.buffered_end)
         events: list[Event] = []
         while self._cuts:
             cut = self._cuts.popleft()

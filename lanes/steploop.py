@@ -24,7 +24,7 @@ from lanegate.logs import get_logger
 from lanegate.settings import Settings
 from lanes.cost import CostModel
 from lanes.scheduler import StepLimits, StepPlan, create_queue, plan_step
-from lanes.session import Event, RealtimeSession
+from lanes.session import VAD_STEP_SAMPLES, Event, RealtimeSession
 from workers.engines.base import Engine, Hypothesis
 
 # Recent step durations kept for the heartbeat's p99.
@@ -133,13 +133,16 @@ class StepLoop:
                     await self._run_step(plan)
                 if self._batch:
                     await self._run_batch_item(self._batch.popleft())
-                if not plan and not self._batch:
+                if not plan and not self._batch and not self._analysis_pending():
                     await self._idle(stop)
                 else:
                     await asyncio.sleep(0)  # let network I/O in between steps
         finally:
             self._close_all()
             self._executor.shutdown(wait=True)
+
+    def _analysis_pending(self) -> bool:
+        return any(h.session.analysis_pending for h in self.sessions.values())
 
     async def _idle(self, stop: asyncio.Event) -> None:
         stopper = asyncio.ensure_future(stop.wait())
@@ -166,6 +169,7 @@ class StepLoop:
 
     def _settle(self, handle: SessionHandle, now: float) -> None:
         session = handle.session
+        session.analyse(VAD_STEP_SAMPLES)
         if self._flush_all:
             session.end(now)
             handle.send(self._counted(session.flush_now()))

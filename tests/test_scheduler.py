@@ -20,7 +20,7 @@ from lanes.scheduler import (
     create_queue,
     plan_step,
 )
-from lanes.session import RealtimeSession
+from lanes.session import VAD_STEP_SAMPLES, RealtimeSession
 from lanes.steploop import step_limits
 from vad import VadSettings
 from workers.engines.base import CostPrior
@@ -117,7 +117,8 @@ def test_a_10s_dump_never_breaks_the_budget_or_the_others_beat(
         if tick == 5:
             dump.receive(dump_pcm, now)  # 10 s in one frame
         sessions = {s.session_id: s for s in [*live, dump]}
-        for s in sessions.values():
+        for s in sessions.values():  # what the step loop does before planning
+            s.analyse(VAD_STEP_SAMPLES)
             s.settle()
         cands = [s.candidate() for s in sessions.values()]
         plan = plan_step(cands, create_queue(), cost, limits)
@@ -147,10 +148,15 @@ def drive(session: RealtimeSession, engine: SimulatedEngine, pcm: bytes,
     biggest = 0
 
     def decode_all() -> None:
-        while (pending := session.candidate().pending_samples) > 0:
-            hyp = engine.step([(session.stream, session.take(pending))])[0]
-            events.extend(session.after_chunk(hyp))
-        events.extend(session.settle())
+        while True:
+            session.analyse(VAD_STEP_SAMPLES)
+            events.extend(session.settle())
+            pending = session.candidate().pending_samples
+            if not pending and not session.analysis_pending:
+                return
+            if pending:
+                hyp = engine.step([(session.stream, session.take(pending))])[0]
+                events.extend(session.after_chunk(hyp))
 
     for off in range(0, len(pcm), frame_bytes):
         session.receive(pcm[off : off + frame_bytes], 0.0)
@@ -207,6 +213,11 @@ def test_a_burst_ages_at_real_time_pace(speech: Callable[..., Path]) -> None:
     pcm, _ = read_pcm(speech("thank you very much for your help"))
     burst.receive(pcm, now=100.0)  # all of it at once
     assert burst.candidate().oldest_pending_at == 100.0
+    # the VAD looks at a burst a slice at a time; unseen audio is not decodable yet
+    assert burst.analysis_pending
+    assert burst.candidate().pending_samples == RATE
+    burst.analyse(len(pcm))
+    assert not burst.analysis_pending
     burst.take(RATE)
     assert burst.candidate().oldest_pending_at == pytest.approx(101.0)
     live.receive(pcm[:3200], now=100.5)

@@ -77,9 +77,10 @@ class SimulatedStream:
         check_pcm(pcm)
         self._tail += pcm
         block_bytes = BLOCK_SAMPLES * BYTES_PER_SAMPLE
-        while len(self._tail) >= block_bytes:
-            block, self._tail = bytes(self._tail[:block_bytes]), self._tail[block_bytes:]
-            self._add_block(block)
+        whole = len(self._tail) // block_bytes * block_bytes
+        for off in range(0, whole, block_bytes):
+            self._add_block(bytes(self._tail[off : off + block_bytes]))
+        del self._tail[:whole]
         return Hypothesis(" ".join(w.word for w in self._words))
 
     def _add_block(self, block: bytes) -> None:
