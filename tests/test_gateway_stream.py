@@ -24,7 +24,8 @@ import redis
 from conftest import read_pcm
 from stack import Stack, start_stack
 
-from lanegate.constants import WORKER_KEY, WORKERS_KEY
+from gateway.auth import tenant_id
+from lanegate.constants import KEY_SESSIONS_KEY, WORKER_KEY, WORKERS_KEY
 
 ONE = "the weather is nice today and the children play outside"
 TWO = "please call me back tomorrow morning about the meeting"
@@ -82,6 +83,21 @@ def auth(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+async def key_free(stack: Stack, key: str | None) -> None:
+    """Wait until ``key`` holds no stream lease: a server-side close reaches the client a
+    moment before the gateway releases the lease (max_sessions_per_key is 1 here)."""
+    if key not in KEYS:
+        return
+    client = redis.Redis(port=stack.redis.port)
+    try:
+        for _ in range(200):
+            if not client.zcard(KEY_SESSIONS_KEY.format(tenant=tenant_id(key))):
+                return
+            await asyncio.sleep(0.025)
+    finally:
+        client.close()
+
+
 async def collect(ws: aiohttp.ClientWebSocketResponse, run: Run) -> None:
     while True:
         msg = await ws.receive(timeout=EVENT_WAIT_S)
@@ -97,6 +113,7 @@ async def stream_speech(http: aiohttp.ClientSession, stack: Stack, pcm: bytes, r
                         key: str | None = "alpha", speed: float = 2.0) -> Run:
     """Send ``pcm`` in 100 ms frames at ``speed`` x real time, then end; all events."""
     run = Run()
+    await key_free(stack, key)
     async with http.ws_connect(stream_url(stack, f"sample_rate={rate}"),
                                headers=auth(key)) as ws:
         receiver = asyncio.create_task(collect(ws, run))
@@ -112,10 +129,13 @@ async def stream_speech(http: aiohttp.ClientSession, stack: Stack, pcm: bytes, r
 
 
 async def one_shot(http: aiohttp.ClientSession, url: str, *, headers: dict[str, str],
-                   send: Callable[[aiohttp.ClientWebSocketResponse], Any] | None = None
-                   ) -> Run:
-    """Open a stream, optionally send something, and collect until the close."""
+                   send: Callable[[aiohttp.ClientWebSocketResponse], Any] | None = None,
+                   free: tuple[Stack, str] | None = None) -> Run:
+    """Open a stream (first waiting, with ``free``, for that key's last lease to go),
+    optionally send something, and collect until the close."""
     run = Run()
+    if free is not None:
+        await key_free(*free)
     async with http.ws_connect(url, headers=headers) as ws:
         receiver = asyncio.create_task(collect(ws, run))
         if send is not None:
@@ -251,7 +271,7 @@ async def test_api_key_in_the_query_is_accepted(
         await ws.send_str('{"type":"end"}')
 
     run = await one_shot(http, stream_url(stack, "sample_rate=16000&api_key=gamma"),
-                         headers={}, send=end)
+                         headers={}, send=end, free=(stack, "gamma"))
     assert run.events[0]["type"] == "ready"
     assert run.events[-1] == {"type": "done"}
     assert run.close_code == 1000
@@ -262,13 +282,15 @@ async def test_api_key_in_the_query_is_accepted(
 async def test_bad_query_is_bad_request_1008(
     stack: Stack, http: aiohttp.ClientSession, query: str
 ) -> None:
-    run = await one_shot(http, stream_url(stack, query), headers=auth("alpha"))
+    run = await one_shot(http, stream_url(stack, query), headers=auth("alpha"),
+                         free=(stack, "alpha"))
     assert run.error["code"] == "bad_request"
     assert run.close_code == 1008
 
 
 async def _hold(http: aiohttp.ClientSession, stack: Stack, key: str
                 ) -> aiohttp.ClientWebSocketResponse:
+    await key_free(stack, key)
     ws = await http.ws_connect(stream_url(stack), headers=auth(key))
     msg = await ws.receive(timeout=EVENT_WAIT_S)
     assert json.loads(msg.data)["type"] == "ready", msg.data
@@ -308,7 +330,8 @@ async def test_all_slots_busy_is_overloaded_1013_at_once(
     first = await _hold(http, stack, "alpha")
     second = await _hold(http, stack, "beta")
     try:
-        run = await one_shot(http, stream_url(stack), headers=auth("gamma"))
+        run = await one_shot(http, stream_url(stack), headers=auth("gamma"),
+                             free=(stack, "gamma"))
         assert run.error["code"] == "overloaded"
         assert run.close_code == 1013
     finally:
@@ -370,7 +393,7 @@ async def test_bad_input_is_bad_request_1008_and_spares_other_sessions(
 ) -> None:
     bystander = asyncio.create_task(stream_speech(http, stack, *two, key="beta", speed=4.0))
     run = await one_shot(http, stream_url(stack), headers=auth("alpha"),
-                         send=BAD_INPUTS[case])
+                         send=BAD_INPUTS[case], free=(stack, "alpha"))
     if case == "audio_after_end" and run.events[-1] == {"type": "done"}:
         # the worker may finish the empty stream before the late audio arrives
         assert run.close_code == 1000
@@ -388,7 +411,8 @@ async def test_frame_over_max_frame_bytes_is_too_large_1009(
     async def big(ws: aiohttp.ClientWebSocketResponse) -> None:
         await ws.send_bytes(b"\x00" * (MAX_FRAME + 2))
 
-    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=big)
+    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=big,
+                         free=(stack, "alpha"))
     assert run.error["code"] == "too_large"
     assert run.close_code == 1009
 
@@ -399,7 +423,8 @@ async def test_frame_over_the_hard_cap_is_closed_1009_at_the_header(
     async def huge(ws: aiohttp.ClientWebSocketResponse) -> None:
         await ws.send_bytes(b"\x00" * (MAX_FRAME * 4))
 
-    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=huge)
+    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=huge,
+                         free=(stack, "alpha"))
     assert run.close_code == 1009
 
 
@@ -416,7 +441,8 @@ async def test_session_over_max_session_s_gets_its_finals_then_timeout(
                 return
             await ws.send_bytes(long[offset:offset + step])
 
-    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=send_all)
+    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=send_all,
+                         free=(stack, "alpha"))
     assert run.error["code"] == "timeout"
     assert "max_session_s" in run.error["message"]
     assert run.close_code == 1008
@@ -432,7 +458,8 @@ async def test_idle_stream_is_closed_with_timeout(
     async def a_little(ws: aiohttp.ClientWebSocketResponse) -> None:
         await ws.send_bytes(pcm[: rate * 2])  # 1 s, then silence on the wire
 
-    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=a_little)
+    run = await one_shot(http, stream_url(stack), headers=auth("alpha"), send=a_little,
+                         free=(stack, "alpha"))
     assert run.error["code"] == "timeout"
     assert "idle_timeout_s" in run.error["message"]
     assert run.close_code == 1008
