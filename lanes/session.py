@@ -52,7 +52,8 @@ def ms(samples: int) -> int:
 
 class RealtimeSession:
     def __init__(self, session_id: str, sample_rate: int, stream: EngineStream,
-                 vad_settings: VadSettings, max_utterance_samples: int) -> None:
+                 vad_settings: VadSettings, max_utterance_samples: int,
+                 vad_inline_samples: int = VAD_INLINE_SAMPLES) -> None:
         self.session_id = session_id
         self.sample_rate = sample_rate
         self.stream = stream
@@ -67,6 +68,7 @@ class RealtimeSession:
         self._arrivals: deque[tuple[int, float]] = deque()
         self._paced_until = 0.0  # paced arrival time of the end of the audio so far
         self._max_utterance = max_utterance_samples
+        self._vad_inline = vad_inline_samples
         self.segment = 0
         self.ended = False  # the client sent its last audio
         self._vad_flushed = False
@@ -81,7 +83,7 @@ class RealtimeSession:
     def receive(self, pcm: bytes, now: float) -> None:
         self.audio_received_s += len(pcm) / BYTES_PER_SAMPLE / self.sample_rate
         self._append(self._resampler.push(pcm), now)
-        self.analyse(VAD_INLINE_SAMPLES)
+        self.analyse(self._vad_inline)
 
     def end(self, now: float) -> None:
         """No more audio: drain the resampler; the VAD is flushed once it has seen
@@ -90,7 +92,7 @@ class RealtimeSession:
             return
         self._append(self._resampler.flush(), now)
         self.ended = True
-        self.analyse(VAD_INLINE_SAMPLES)
+        self.analyse(self._vad_inline)
 
     def _append(self, pcm16k: bytes, now: float) -> None:
         if not pcm16k:

@@ -83,6 +83,8 @@ class StepLoop:
         self.sessions: dict[str, SessionHandle] = {}
         self.cost = CostModel.from_prior(engine.cost_prior(), settings.cost_ewma_alpha)
         self.limits = step_limits(settings, lane)
+        # Uncapped (the naive designs) the VAD also takes a burst in one piece.
+        self.vad_slice_samples = VAD_STEP_SAMPLES if self.limits.capped else 2**62
         self.queue = create_queue()
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self.steps = 0
@@ -169,7 +171,7 @@ class StepLoop:
 
     def _settle(self, handle: SessionHandle, now: float) -> None:
         session = handle.session
-        session.analyse(VAD_STEP_SAMPLES)
+        session.analyse(self.vad_slice_samples)
         if self._flush_all:
             session.end(now)
             handle.send(self._counted(session.flush_now()))

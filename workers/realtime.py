@@ -214,7 +214,8 @@ class RealtimeWorker:
         except NoFreeSlot as exc:
             return await self._refuse(ws, "overloaded", str(exc), CLOSE_OVERLOADED, session_id)
         session = RealtimeSession(session_id, rate, stream, self._vad,
-                                  int(self.settings.max_window_s * self.engine.sample_rate))
+                                  int(self.settings.max_window_s * self.engine.sample_rate),
+                                  vad_inline_samples=self.loop.vad_slice_samples)
         handle = self.loop.add(session)
         self._log.info("session_start", session_id=session_id, sample_rate=rate)
         await ws.send_json({"type": "accepted", "worker": self.worker_id, "lane": self.lane})
