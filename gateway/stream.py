@@ -331,7 +331,8 @@ class StreamSession:
         return failure
 
     async def _conclude(self, outcome: Failure | str) -> None:
-        if outcome == "client_gone":
+        if outcome == "client_gone":  # answer the client's close only now (autoclose off),
+            await self.close(CLOSE_NORMAL)  # after the lease is released
             return
         if outcome == "done":
             await self.send({"type": "done"})
@@ -477,7 +478,8 @@ class StreamSession:
 async def stream_handler(request: web.Request) -> web.StreamResponse:
     """``GET /v1/stream``: upgrade, then run one ``StreamSession``."""
     settings = request.app[SETTINGS]
-    ws = web.WebSocketResponse(max_msg_size=settings.max_frame_bytes * FRAME_HARD_CAP)
+    ws = web.WebSocketResponse(max_msg_size=settings.max_frame_bytes * FRAME_HARD_CAP,
+                               autoclose=False)
     if not ws.can_prepare(request).ok:
         _reject_http(request)
     await ws.prepare(request)
