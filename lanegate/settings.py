@@ -75,8 +75,8 @@ class Settings:
         "the gateway tries the next worker."
     )
     mixed_lost_timeout_s: float = _s(
-        30.0, "Same for a `mixed` worker, which cannot answer pings while it decodes an "
-        "upload in its loop."
+        30.0, "`worker_lost_timeout_s` for a `mixed` worker, which cannot answer pings while "
+        "it decodes an upload in its loop."
     )
     session_lease_s: float = _s(
         30.0, "TTL of a stream's entry in the per-key session count in Redis (refreshed "
