@@ -70,11 +70,13 @@ async def _close_sockets(app: web.Application) -> None:
 def _setup_optional(app: web.Application, module: str, func: str) -> None:
     """Register routes of a module another team member may still be writing."""
     try:
-        setup: Callable[[web.Application], None] = getattr(
-            importlib.import_module(module), func)
-    except (ImportError, AttributeError) as exc:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:  # a missing dependency inside it is a real error
+            raise
         log.warning("routes_unavailable", module=module, error=str(exc))
         return
+    setup: Callable[[web.Application], None] = getattr(imported, func)
     setup(app)
 
 
