@@ -24,19 +24,21 @@ import aiohttp
 
 RATE = 16000
 BYTES_PER_MS = RATE * 2 // 1000
+DIGEST_SLACK_MS = 1500
 
 
 @dataclass
 class StreamSpec:
-    kind: str  # "live": real-time pace; "dump": whole buffers in one frame, repeatedly
+    kind: str  # "live": real-time pace; "dump": one session, whole buffers in one frame
     url: str  # full ws:// URL (public /v1/stream, or a worker's internal session URL)
     pcm_path: str  # raw PCM s16le mono 16 kHz
     start_s: float = 0.0  # delay after t0
-    duration_s: float = 30.0  # live: seconds of audio to send; dump: stop dumping after this
+    duration_s: float = 30.0  # live: seconds of audio to send; dump: no new dump after this
     pcm_offset_s: float = 0.0  # where in the PCM file this stream starts (wraps around)
     frame_ms: int = 100
     dump_s: float = 10.0  # dump: seconds of audio per dump frame
-    dump_every_s: float = 10.0  # dump: a new dump session this often
+    dump_every_s: float = 10.0  # dump: a dump this often
+    first_dump_s: float = 3.0  # dump: the first dump, seconds after the session opens
 
 
 @dataclass
@@ -51,7 +53,7 @@ class StreamResult:
     final_words: int = 0
     finals_without_audio_end: int = 0
     audio_s_sent: float = 0.0
-    dump_done_s: list[float] = field(default_factory=list)  # dump: end sent -> done
+    dump_done_s: list[float] = field(default_factory=list)  # dump sent -> its text caught up
 
 
 class Session:
@@ -68,6 +70,7 @@ class Session:
         self.first_sent: float | None = None
         self.got_first = False
         self.done = asyncio.Event()
+        self.digest_targets: list[tuple[int, float]] = []  # (audio_end_ms, sent) of dumps
 
     async def send(self, pcm: bytes) -> None:
         now = time.perf_counter()
@@ -85,6 +88,10 @@ class Session:
 
     def on_event(self, msg: dict[str, Any], now: float) -> None:
         kind = msg.get("type")
+        if kind == "partial":  # a final's audio_end_ms is where the VAD decided, not decoded
+            self._digested(int(msg.get("audio_end_ms", -1)), now)
+        elif kind == "final":
+            self._digested(int(msg.get("end_ms", -1)), now)
         if kind == "partial":
             self._on_partial(msg, now)
         elif kind == "final":
@@ -93,6 +100,14 @@ class Session:
             self.result.error = self.result.error or str(msg.get("code", "error"))
         elif kind == "done":
             self.done.set()
+
+    def _digested(self, decoded_ms: int, now: float) -> None:
+        """A dump counts as digested once text reaches within DIGEST_SLACK_MS of its end
+        (its last words may be followed by a pause that produces no event)."""
+        while self.digest_targets and \
+                decoded_ms >= self.digest_targets[0][0] - DIGEST_SLACK_MS:
+            _, sent = self.digest_targets.pop(0)
+            self.result.dump_done_s.append(now - sent)
 
     def _on_partial(self, msg: dict[str, Any], now: float) -> None:
         sent = self.sent_time(int(msg.get("audio_end_ms", -1)))
@@ -194,21 +209,24 @@ async def run_live(http: aiohttp.ClientSession, spec: StreamSpec, pcm: bytes,
 
 async def run_dumper(http: aiohttp.ClientSession, spec: StreamSpec, pcm: bytes,
                      t0: float, result: StreamResult) -> None:
-    """A new session every ``dump_every_s``: ``dump_s`` of audio in one frame, then end."""
-    begin = t0 + spec.start_s
+    """One session (a client that keeps losing its network and catching up): every
+    ``dump_every_s`` it sends ``dump_s`` of buffered audio in one frame."""
+    await asyncio.sleep(max(0.0, t0 + spec.start_s - time.perf_counter()))
+    session = await open_session(http, spec, result, t0)
+    if session is None:
+        return
+    reader = asyncio.create_task(session.receive())
+    first = t0 + spec.start_s + spec.first_dump_s
+    last = t0 + spec.start_s + spec.duration_s
     k = 0
-    while begin + k * spec.dump_every_s < t0 + spec.start_s + spec.duration_s:
-        await asyncio.sleep(max(0.0, begin + k * spec.dump_every_s - time.perf_counter()))
-        session = await open_session(http, spec, result, t0)
-        if session is None:
-            return
-        reader = asyncio.create_task(session.receive())
+    while first + k * spec.dump_every_s < last and not session.done.is_set():
+        await asyncio.sleep(max(0.0, first + k * spec.dump_every_s - time.perf_counter()))
         await session.send(pcm_slice(pcm, spec.pcm_offset_s + k * spec.dump_s, spec.dump_s))
-        sent = time.perf_counter()
-        await finish(session, wait_s=max(60.0, spec.dump_s * 3))
-        result.dump_done_s.append(time.perf_counter() - sent)
-        await reader
+        session.digest_targets.append((session.sent_ms, session.frame_sent[-1]))
         k += 1
+    if not session.done.is_set():
+        await finish(session, wait_s=max(60.0, spec.dump_s * 3))
+    await reader
 
 
 async def run_one(http: aiohttp.ClientSession, spec: StreamSpec, pcm: bytes,

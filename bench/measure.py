@@ -31,10 +31,12 @@ def live_specs(url: str, n: int, duration_s: float, pcm_path: Path, *,
             for i in range(n)]
 
 
-def dump_spec(url: str, pcm_path: Path, *, dump_s: float, every_s: float, start_s: float,
+def dump_spec(url: str, pcm_path: Path, *, dump_s: float, every_s: float, first_s: float,
               duration_s: float) -> StreamSpec:
-    return StreamSpec(kind="dump", url=url, pcm_path=str(pcm_path), start_s=start_s,
-                      duration_s=duration_s, dump_s=dump_s, dump_every_s=every_s)
+    """One dumper session, opened first (before the live streams): dumps from ``first_s``."""
+    return StreamSpec(kind="dump", url=url, pcm_path=str(pcm_path), start_s=0.0,
+                      duration_s=duration_s, dump_s=dump_s, dump_every_s=every_s,
+                      first_dump_s=first_s)
 
 
 def stream_url(base: str) -> str:
@@ -165,8 +167,8 @@ def summarize(results: list[dict[str, Any]],
         "timeline_worst_ms": timeline(results),
     }
     if dumps:
-        out["dump"] = {"dumps": sum(len(r["dump_done_s"]) for r in dumps),
-                       "end_to_done_s": [round(v, 2) for r in dumps for v in r["dump_done_s"]],
+        out["dump"] = {"dumps_digested": sum(len(r["dump_done_s"]) for r in dumps),
+                       "digest_s": [round(v, 2) for r in dumps for v in r["dump_done_s"]],
                        "partial_ms": summary([v for r in dumps for v in r["partial_ms"]])}
     return out
 

@@ -173,7 +173,7 @@ class Bench:
         d = self.o.duration_s
         specs = live_specs(url, self.o.streams, d, live)
         specs.append(dump_spec(url, live, dump_s=self.o.dump_s, every_s=self.o.dump_every_s,
-                               start_s=3.0, duration_s=d - 6.0))
+                               first_s=3.0, duration_s=d - 6.0))
         return await window(stack, "dump", specs, self.work, d)
 
     async def flood_window(self, stack: Stack, url: str, live: Path, key: str) -> None:
@@ -214,7 +214,7 @@ class Bench:
             url = stream_url(stack.url)
             specs = live_specs(url, self.o.sim_streams, d, live, ramp_s=5.0)
             specs.append(dump_spec(url, dump, dump_s=self.o.sim_dump_s, every_s=10.0,
-                                   start_s=8.0, duration_s=d - 12.0))
+                                   first_s=8.0, duration_s=d - 12.0))
             self.results[f"s4_{design}"] = await window(stack, "prefill", specs, self.work, d)
 
     async def scale(self) -> None:
