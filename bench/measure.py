@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -113,6 +114,27 @@ CDF_PERCENTILES = sorted({*range(0, 100), *np.arange(99.0, 100.0, 0.1).round(1).
                           *np.arange(99.9, 100.0, 0.01).round(2).tolist(), 100.0})
 
 
+def cpu_times() -> dict[str, list[int]]:
+    """Per-CPU jiffies from /proc/stat: user nice system idle iowait irq softirq steal."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            out[name] = [int(f) for f in fields[:8]]
+    return out
+
+
+def cpu_usage(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, Any]:
+    """Share of each CPU that was busy, and stolen by the hypervisor, between two reads."""
+    out: dict[str, Any] = {}
+    for cpu, now in after.items():
+        d = [a - b for a, b in zip(now, before.get(cpu, now), strict=True)]
+        total = sum(d) or 1
+        idle = d[3] + d[4]
+        out[cpu] = {"busy": round((total - idle) / total, 3), "steal": round(d[7] / total, 3)}
+    return out
+
+
 def cdf(samples: list[float]) -> list[list[float]]:
     """[percentile, latency ms] pairs."""
     if not samples:
@@ -177,15 +199,21 @@ async def window(stack: Stack, name: str, specs: list[StreamSpec], workdir: Path
                  duration_s: float) -> dict[str, Any]:
     """One measured window: scrape, load, scrape; client and server figures together."""
     before = await scrape(stack)
-    cpu0, t0 = stack.cpu_seconds(), time.monotonic()
+    cpu0, wait0, t0 = stack.cpu_seconds(), stack.runqueue_wait_seconds(), time.monotonic()
+    machine0 = cpu_times()
     results, load_cpu = await run_load(specs, workdir, name, timeout_s=duration_s + 180)
-    cpu1, t1 = stack.cpu_seconds(), time.monotonic()
+    cpu1, wait1, t1 = stack.cpu_seconds(), stack.runqueue_wait_seconds(), time.monotonic()
+    machine = cpu_usage(machine0, cpu_times())
     after = await scrape(stack)
     stack.check_alive()
     out = summarize(results, steady_window(specs))
     out["steps"] = step_delta(before, after)
     out["cpu_s"] = {name: round(cpu1[name] - cpu0[name], 3) for name in cpu1 if name in cpu0}
     out["cpu_s"]["load_clients"] = round(load_cpu, 3)
+    out["runqueue_wait_s"] = {name: round(wait1[name] - wait0[name], 3)
+                              for name in wait1 if name in wait0}
+    out["load_avg_after"] = list(os.getloadavg())
+    out["machine_cpu"] = machine
     out["gateway_cpu_s"] = out["cpu_s"].get("gateway")
     out["wall_s"] = round(t1 - t0, 2)
     print(f"  [{stack.plan.design}/{name}] partial {out['partial_ms']} errors {out['errors']}",

@@ -57,6 +57,14 @@ class Child:
     proc: subprocess.Popen[bytes]
     log: Path
 
+    def runqueue_wait_seconds(self) -> float:
+        """Time the process's threads were runnable but waiting for a CPU (schedstat)."""
+        total = 0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += int((task / "schedstat").read_text().split()[1])
+        return total / 1e9
+
     def cpu_seconds(self) -> float:
         """utime + stime of the process from /proc/<pid>/stat."""
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -105,6 +113,14 @@ class Stack:
         for child in self.children:
             with contextlib.suppress(OSError):
                 out[child.name] = child.cpu_seconds()
+        return out
+
+    def runqueue_wait_seconds(self) -> dict[str, float]:
+        """Seconds each live child has waited for a CPU so far, from /proc schedstat."""
+        out = {}
+        for child in self.children:
+            with contextlib.suppress(OSError):
+                out[child.name] = child.runqueue_wait_seconds()
         return out
 
     def base_env(self) -> dict[str, str]:
