@@ -631,9 +631,8 @@ async def test_worker_sigterm_drains_the_session_then_exits_0(
     assert run.events[-1] == {"type": "done"}, run.events
     assert run.close_code == 1000
     assert recall(ONE, run.final_text) >= ONE_RECALL, run.final_text
-    # drain_timeout_s is 20 here; the margin covers aiohttp's 60 s runner shutdown, which
-    # a worker has been seen to wait out now and then after its last session ended
-    assert victim.wait(90) == 0
+    # drain_timeout_s is 20 here; the worker's server shutdown is bounded at 5 s more
+    assert victim.wait(40) == 0
     # the other worker takes new sessions
     after = await stream_speech(http, pair, pcm, rate, key=None, speed=0)
     assert after.events[-1] == {"type": "done"}

@@ -29,6 +29,7 @@ from lanegate import metrics
 from lanegate.constants import CLOSE_OVERLOADED, CLOSE_POLICY
 from lanegate.logs import configure_logging, get_logger
 from lanegate.settings import Settings
+from lanes.queue import redis_client
 from lanes.session import RealtimeSession
 from lanes.steploop import Close, SessionHandle, StepLoop, percentile
 from vad import VadSettings
@@ -41,6 +42,8 @@ MIN_RATE, MAX_RATE = 8000, 48000
 LAG_PROBE_S = 0.05
 # After the drain deadline, how long flushing the last finals may take.
 FLUSH_TIMEOUT_S = 5.0
+# How long leaving the registry may take on the way out (Redis may be down).
+REGISTRY_TIMEOUT_S = 2.0
 
 
 class BadRequest(ValueError):
@@ -70,7 +73,7 @@ class RealtimeWorker:
         self._stopped = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._batch_task: asyncio.Task[None] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self._vad = VadSettings.from_settings(settings)
         self._log = get_logger("lanegate.worker", lane=lane, worker=self.worker_id)
@@ -88,7 +91,9 @@ class RealtimeWorker:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # A bounded shutdown: aiohttp's default waits 60 s for open handlers.
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                                     shutdown_timeout=FLUSH_TIMEOUT_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.worker_host, self.settings.worker_port)
         await site.start()
@@ -103,7 +108,9 @@ class RealtimeWorker:
                        slots=self.engine.slots_total, capped=self.loop.limits.capped)
 
     def _spawn(self, coro: Any) -> None:
-        self._tasks.append(asyncio.create_task(coro))
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def drain(self) -> None:
         """Stop taking sessions, let the active ones finish, flush the rest, stop."""
@@ -127,12 +134,14 @@ class RealtimeWorker:
             if not await _within(asyncio.shield(self._batch_task), FLUSH_TIMEOUT_S):
                 self._batch_task.cancel()
         self._stop.set()  # the step loop ends itself between steps
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *[t for t in (self._loop_task, self._batch_task) if t],
+        await asyncio.gather(*tasks, *[t for t in (self._loop_task, self._batch_task) if t],
                              return_exceptions=True)
         with contextlib.suppress(Exception):
-            await registry.remove(self.redis, self.worker_id, self.lane)
+            await _within(registry.remove(self.redis, self.worker_id, self.lane),
+                          REGISTRY_TIMEOUT_S)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -156,6 +165,11 @@ class RealtimeWorker:
             await registry.publish(self.redis, self.info(), self.settings.heartbeat_ttl_s)
         except Exception as exc:  # Redis down: keep serving, retry next beat
             self._log.warning("heartbeat_failed", error=str(exc))
+
+    def _publish_soon(self) -> None:
+        """Republish now: a slot was taken or freed (the heartbeat alone lags a beat)."""
+        if not self._stop.is_set():
+            self._spawn(self._publish())
 
     async def _heartbeat(self) -> None:
         while True:
@@ -217,6 +231,7 @@ class RealtimeWorker:
                                   int(self.settings.max_window_s * self.engine.sample_rate),
                                   vad_inline_samples=self.loop.vad_slice_samples)
         handle = self.loop.add(session)
+        self._publish_soon()
         self._log.info("session_start", session_id=session_id, sample_rate=rate)
         await ws.send_json({"type": "accepted", "worker": self.worker_id, "lane": self.lane})
         sender = asyncio.create_task(_send_outbox(ws, handle))
@@ -229,6 +244,7 @@ class RealtimeWorker:
                 self.loop.wake()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
+            self._publish_soon()
         return ws
 
     async def _receive(self, ws: web.WebSocketResponse, handle: SessionHandle) -> None:
@@ -331,7 +347,7 @@ async def serve(settings: Settings, lane: str) -> int:
     log = get_logger("lanegate.worker", lane=lane)
     engine = await asyncio.get_running_loop().run_in_executor(
         None, lambda: create_engine(settings, slots=settings.slots, batch=lane == "mixed"))
-    redis = aioredis.Redis.from_url(settings.redis_url)
+    redis = redis_client(settings.redis_url)
     worker = RealtimeWorker(settings, engine, redis, lane=lane)
     await worker.start()
     drains: set[asyncio.Task[None]] = set()
