@@ -91,6 +91,7 @@ class RealtimeWorker:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
+        metrics.init_worker_series(self.lane, self.worker_id)
         # A bounded shutdown: aiohttp's default waits 60 s for open handlers.
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
                                      shutdown_timeout=FLUSH_TIMEOUT_S)
