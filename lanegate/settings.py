@@ -138,6 +138,18 @@ class Settings:
         False, "Simulated engine: spin (holding the GIL, like a CPU engine) instead of sleeping."
     )
 
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise SettingsError(
+                    f"{ENV_PREFIX}{name.upper()}={getattr(self, name)!r}: "
+                    f"use one of {', '.join(allowed)}"
+                )
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise SettingsError(f"{ENV_PREFIX}{f.name.upper()}={value!r} must not be negative")
+
     @property
     def api_key_set(self) -> frozenset[str]:
         return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
@@ -182,6 +194,13 @@ class Settings:
 
 class SettingsError(ValueError):
     """A setting has a value that cannot be used."""
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "lanes": ("split", "mixed"),
+    "engine": ("pocketsphinx", "simulated"),
+    "log_level": ("debug", "info", "warning", "error"),
+}
 
 
 def parse_value(name: str, kind: type, raw: str) -> Any:
