@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("duration_s", "flood_job_s", "dump_s", "dump_every_s", "sim_duration_s",
                  "sim_dump_s", "scale_duration_s", "vad_seconds"):
         r.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
-    for name in ("streams", "flood_jobs", "sim_streams", "scale_streams"):
+    for name in ("streams", "flood_jobs", "sim_streams", "scale_streams",
+                 "scale_light_streams"):
         r.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     r.add_argument("--rt-cpus", default=d.rt_cpus)
     r.add_argument("--batch-cpus", default=d.batch_cpus)

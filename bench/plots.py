@@ -20,6 +20,9 @@ GROUPS = (  # (title, [(results key, label)])
      [("s4_sim-cap", "cap"), ("s4_sim-nocap", "no cap")]),
     ("5: {n} streams, gateway overhead (simulated)",
      [("s5_direct", "direct to workers"), ("s5_via_gateway", "through the gateway")]),
+    ("5 (light): {n} streams, gateway overhead (simulated)",
+     [("s5_light_direct", "direct to workers"),
+      ("s5_light_via_gateway", "through the gateway")]),
 )
 RED_LINE_MS = 300.0
 

@@ -37,6 +37,7 @@ class Options:
     sim_dump_s: float = 200.0  # the simulated long prefill: 200 s x 0.02 ms/frame = 400 ms
     scale_streams: int = 500
     scale_duration_s: float = 30.0
+    scale_light_streams: int = 80  # also measure the gateway at a load the machine carries
     vad_seconds: float = 3600.0
     rt_cpus: str = "0"
     batch_cpus: str = "1"
@@ -218,20 +219,28 @@ class Bench:
             self.results[f"s4_{design}"] = await window(stack, "prefill", specs, self.work, d)
 
     async def scale(self) -> None:
-        live = self.speech_pcm("live", 180, 1)
-        n, d = self.o.scale_streams, self.o.scale_duration_s
+        """The same streams through the gateway and directly on the workers, at the
+        target scale and at a light load (``scale_light_streams``) this machine carries."""
+        runs = [("s5", self.o.scale_streams, self.o.scale_duration_s, SCALE_RAMP_S)]
+        if self.o.scale_light_streams:
+            runs.append(("s5_light", self.o.scale_light_streams, 20.0, 2.0))
         async with self.stack(free_plan(self.o)) as stack:
             self.record(stack)
-            gw = await window(stack, "via-gateway",
-                              live_specs(stream_url(stack.url), n, d, live, ramp_s=SCALE_RAMP_S),
-                              self.work, d)
-            workers = await stack.realtime_workers()
-            specs = [s for k, w in enumerate(workers) for s in
-                     live_specs(worker_session_url(w.url), n, d, live, ramp_s=SCALE_RAMP_S)
-                     [k::len(workers)]]
-            direct = await window(stack, "direct", specs, self.work, d)
-        self.results["s5_via_gateway"] = gw
-        self.results["s5_direct"] = direct
+            for key, n, d, ramp in runs:
+                await self.gateway_vs_direct(stack, key, n, d, ramp)
+
+    async def gateway_vs_direct(self, stack: Stack, key: str, n: int, d: float,
+                                ramp: float) -> None:
+        live = self.speech_pcm("live", 180, 1)
+        self.results[f"{key}_via_gateway"] = await window(
+            stack, f"{key}-via-gateway", live_specs(stream_url(stack.url), n, d, live,
+                                                    ramp_s=ramp), self.work, d)
+        workers = await stack.realtime_workers()
+        specs = [s for k, w in enumerate(workers) for s in
+                 live_specs(worker_session_url(w.url), n, d, live, ramp_s=ramp)
+                 [k::len(workers)]]
+        self.results[f"{key}_direct"] = await window(stack, f"{key}-direct", specs, self.work,
+                                                     d)
 
     # --- VAD: scenario 6 --------------------------------------------------------------
 
