@@ -90,7 +90,7 @@ class WebhookDispatcher:
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver due webhooks until ``stop`` is set (Redis outages are waited out)."""
         if not self.settings.webhook_secret:
-            log.warning("webhook.unsigned", reason="webhook_secret is empty")
+            log.warning("webhook_unsigned", reason="webhook_secret is empty")
         backoff = POLL_S
         try:
             while not stop.is_set():
@@ -98,7 +98,7 @@ class WebhookDispatcher:
                     sent = await self.deliver_due()
                     backoff = POLL_S
                 except (RedisConnectionError, RedisTimeoutError) as exc:
-                    log.warning("webhook.redis_unavailable", error=str(exc), retry_in_s=backoff)
+                    log.warning("webhook_redis_unavailable", error=str(exc), retry_in_s=backoff)
                     await _wait(stop, backoff)
                     backoff = min(REDIS_BACKOFF_MAX_S, backoff * 2)
                     continue
@@ -133,10 +133,10 @@ class WebhookDispatcher:
         status, error = await self._post(raw["url"], job_id, raw["status"], attempts)
         if status is not None and 200 <= status < 300:
             await self._done(key, job_id)
-            log.info("webhook.delivered", job_id=job_id, attempt=attempts, http_status=status)
+            log.info("webhook_delivered", job_id=job_id, attempt=attempts, http_status=status)
         elif attempts >= self.settings.webhook_max_attempts:
             await self._done(key, job_id)
-            log.warning("webhook.gave_up", job_id=job_id, attempts=attempts,
+            log.warning("webhook_gave_up", job_id=job_id, attempts=attempts,
                         http_status=status, error=error)
         else:
             delay = backoff_s(self.settings, attempts)
@@ -144,7 +144,7 @@ class WebhookDispatcher:
                 pipe.hset(key, "attempts", str(attempts))
                 pipe.zadd(WEBHOOK_DUE_KEY, {job_id: time.time() + delay}, xx=True)
                 await pipe.execute()
-            log.info("webhook.retry", job_id=job_id, attempt=attempts, http_status=status,
+            log.info("webhook_retry", job_id=job_id, attempt=attempts, http_status=status,
                      error=error, retry_in_s=delay)
 
     async def _done(self, key: str, job_id: str) -> None:

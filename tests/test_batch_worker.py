@@ -272,7 +272,7 @@ async def test_90s_recording_through_a_worker_process_with_pocketsphinx(
     assert "lanegate_step_duration_seconds_count" in body
     assert (await asyncio.to_thread(worker.get, "/healthz"))[0] == 200
     assert [w.worker_id for w in await list_workers(env.redis, "batch")] == ["w0"]
-    completed = await worker.logged("job.completed")
+    completed = await worker.logged("job_completed")
     assert len(completed) == 1
     assert completed[0]["job_id"] == job_id
     assert completed[0]["lane"] == "batch"
@@ -303,7 +303,7 @@ async def test_sigkill_mid_job_completes_exactly_once(
     assert job.status == "completed"
     assert job.attempts == 2
     assert job.worker == ("second" if recovery == "another_worker" else "first")
-    assert len(await second.logged("job.completed")) == 1
+    assert len(await second.logged("job_completed")) == 1
     assert await env.redis.exists(RESULT_KEY.format(job_id=job_id)) == 1
     result = await env.store.result(job_id, "t1")
     assert result is not None
@@ -329,7 +329,7 @@ async def test_redis_restart_with_jobs_queued_and_running_loses_none(
         assert job.status == "completed", job.error
         assert await env.store.result(job_id, "t1") is not None
     assert worker.proc.poll() is None  # it reconnected by itself
-    assert await worker.logged("redis.unavailable")
+    assert await worker.logged("redis_unavailable")
     await _stream_is_empty(env.redis)
 
 
@@ -341,7 +341,7 @@ async def test_worker_started_before_redis_waits_for_it(
     job_id = await env.submit(long_pcm[: 5 * 32000])
     redis_server.stop()
     worker = worker_factory(env)
-    await worker.logged("redis.unavailable")
+    await worker.logged("redis_unavailable")
     assert worker.proc.poll() is None
     assert (await asyncio.to_thread(worker.get, "/readyz"))[0] == 503
     redis_server.start()
@@ -366,7 +366,7 @@ async def test_job_that_keeps_crashing_workers_goes_to_the_dead_letter_stream(
     dead = await env.redis.xrange(DEAD_LETTER_STREAM)
     assert len(dead) == 1
     assert dead[0][1][b"job_id"] == job_id.encode()
-    assert len(await last.logged("job.dead_lettered")) == 1
+    assert len(await last.logged("job_dead_lettered")) == 1
     await _stream_is_empty(env.redis)
     # the worker that dead-lettered it carries on with other work
     ok = await env.submit(long_pcm[: 5 * 32000])
@@ -386,14 +386,14 @@ async def test_sigterm_hands_the_job_back_and_exits_0(
     back = await env.job(job_id)
     assert back.status == "queued"
     assert back.attempts == 0  # a clean hand-back is not a failed attempt
-    assert len(await first.logged("job.handed_back")) == 1
+    assert len(await first.logged("job_handed_back")) == 1
     assert await list_workers(env.redis, "batch") == []  # deregistered on the way out
 
     second = worker_factory(env)
     job = await env.until(job_id, lambda j: j.terminal)
     assert job.status == "completed"
     assert job.attempts == 1
-    assert len(await second.logged("job.completed")) == 1
+    assert len(await second.logged("job_completed")) == 1
     await _stream_is_empty(env.redis)
 
 
@@ -403,7 +403,7 @@ async def test_sigterm_when_idle_exits_0(
     worker = worker_factory(env_factory(engine="simulated"))
     await worker.ready()
     assert worker.terminate() == 0
-    assert worker.events("worker.stopped")
+    assert worker.events("worker_stopped")
 
 
 # --- in-process: poison, cancel, batching ------------------------------------------------

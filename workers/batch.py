@@ -231,14 +231,14 @@ class BatchConsumer:
             await op(*args)
         except REDIS_ERRORS as exc:
             self.ready = False
-            self.log.warning("redis.unavailable", error=str(exc), retry_in_s=self._backoff)
+            self.log.warning("redis_unavailable", error=str(exc), retry_in_s=self._backoff)
             await _wait(stop, self._backoff)
             self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
             return False
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            self.log.warning("redis.group_missing", error=str(exc))
+            self.log.warning("redis_group_missing", error=str(exc))
             await self.queue.ensure_group()
             return False
         self._backoff = BACKOFF_MIN_S
@@ -281,11 +281,11 @@ class BatchConsumer:
         started = await self.queue.start(d)
         jlog = self.log.bind(job_id=d.job_id, entry=d.entry_id)
         if started.outcome == "skip":
-            jlog.info("job.skipped", reason=started.reason)
+            jlog.info("job_skipped", reason=started.reason)
             return
         if started.outcome == "dead":
             self._count("failed")
-            jlog.warning("job.dead_lettered", reason=started.reason)
+            jlog.warning("job_dead_lettered", reason=started.reason)
             self._delete_audio(d.job_id)
             return
         job = started.job
@@ -301,14 +301,14 @@ class BatchConsumer:
         held = HeldJob(d, started.attempt, job.language if job else "en", path, segments,
                        samples, time.monotonic())
         self._held[d.job_id] = held
-        jlog.info("job.started", attempt=started.attempt, audio_s=round(held.audio_s, 3),
+        jlog.info("job_started", attempt=started.attempt, audio_s=round(held.audio_s, 3),
                   segments=len(segments),
                   queue_wait_s=round(time.time() - job.created_at, 3) if job else None)
 
     async def _fail(self, d: Delivery, attempt: int, reason: str) -> None:
         if await self.queue.fail(d, attempt, reason):
             self._count("failed")
-            self.log.warning("job.failed", job_id=d.job_id, attempt=attempt, reason=reason)
+            self.log.warning("job_failed", job_id=d.job_id, attempt=attempt, reason=reason)
             self._delete_audio(d.job_id)
         self._held.pop(d.job_id, None)
 
@@ -327,10 +327,10 @@ class BatchConsumer:
             if state == "cancelled":
                 await self.queue.drop(held.delivery)
                 self._delete_audio(job_id)
-                self.log.info("job.cancel_seen", job_id=job_id, attempt=held.attempt,
+                self.log.info("job_cancel_seen", job_id=job_id, attempt=held.attempt,
                               progress=round(held.progress, 4))
             else:
-                self.log.warning("job.lost", job_id=job_id, attempt=held.attempt,
+                self.log.warning("job_lost", job_id=job_id, attempt=held.attempt,
                                  reason="another attempt owns it, or it finished or expired")
 
     def _next_batch(self) -> list[tuple[HeldJob, int]]:
@@ -407,7 +407,7 @@ class BatchConsumer:
             self._held.pop(held.job_id, None)
             if await self.queue.release(held.delivery, held.attempt, count_attempt=True,
                                         error=reason):
-                self.log.warning("job.retry", job_id=held.job_id, attempt=held.attempt,
+                self.log.warning("job_retry", job_id=held.job_id, attempt=held.attempt,
                                  reason=reason)
 
     def _observe_batch(self, audio_s: float, elapsed: float, segments: int, jobs: int) -> None:
@@ -415,7 +415,7 @@ class BatchConsumer:
         metrics.AUDIO_SECONDS.labels(**labels).inc(audio_s)
         if audio_s > 0:
             metrics.REALTIME_FACTOR.labels(**labels).observe(elapsed / audio_s)
-        self.log.info("batch.decoded", segments=segments, jobs=jobs,
+        self.log.info("batch_decoded", segments=segments, jobs=jobs,
                       audio_s=round(audio_s, 3), elapsed_s=round(elapsed, 3),
                       rtf=round(elapsed / audio_s, 4) if audio_s else None)
 
@@ -427,7 +427,7 @@ class BatchConsumer:
             stored = await self.queue.complete(held.delivery, held.attempt, transcript)
             self._held.pop(held.job_id, None)
             if not stored:
-                self.log.warning("job.lost", job_id=held.job_id, attempt=held.attempt,
+                self.log.warning("job_lost", job_id=held.job_id, attempt=held.attempt,
                                  reason="result refused: cancelled or owned by another attempt")
                 continue
             self._completed(held)
@@ -440,7 +440,7 @@ class BatchConsumer:
         for seg in held.segments:
             metrics.SOFT_CUTS.labels(**labels, reason=seg.reason).inc()
         self._delete_audio(held.job_id)
-        self.log.info("job.completed", job_id=held.job_id, attempt=held.attempt,
+        self.log.info("job_completed", job_id=held.job_id, attempt=held.attempt,
                       audio_s=round(held.audio_s, 3), duration_s=round(duration, 3),
                       segments=len(held.segments))
 
@@ -454,13 +454,13 @@ class BatchConsumer:
             if await self._guarded(gave_up, self._hand_back_all):
                 return
         if self._held:  # Redis never came back: the entries stay pending and are reclaimed
-            self.log.warning("job.hand_back_failed", jobs=sorted(self._held))
+            self.log.warning("job_hand_back_failed", jobs=sorted(self._held))
 
     async def _hand_back_all(self) -> None:
         await self._store_ready()
         for held in list(self._held.values()):
             if await self.queue.release(held.delivery, held.attempt, count_attempt=False):
-                self.log.info("job.handed_back", job_id=held.job_id, attempt=held.attempt,
+                self.log.info("job_handed_back", job_id=held.job_id, attempt=held.attempt,
                               progress=round(held.progress, 4))
             self._held.pop(held.job_id, None)
 
@@ -479,7 +479,7 @@ class BatchConsumer:
             for entry_id, h in held.items():
                 if entry_id not in owned and self._held.get(h.job_id) is h:
                     self._held.pop(h.job_id, None)
-                    self.log.warning("job.lost", job_id=h.job_id, attempt=h.attempt,
+                    self.log.warning("job_lost", job_id=h.job_id, attempt=h.attempt,
                                      reason="entry reclaimed by another worker")
 
     # --- engine -------------------------------------------------------------------------
@@ -561,7 +561,7 @@ def main(settings: Settings) -> int:
     worker_id = settings.worker_id or default_worker_id()
     configure_logging(settings.log_level, lane="batch", worker=worker_id)
     if not settings.redis_url:
-        log.error("worker.no_redis", reason="LANEGATE_REDIS_URL is required for a worker")
+        log.error("worker_no_redis", reason="LANEGATE_REDIS_URL is required for a worker")
         return 2
     return asyncio.run(_serve(settings.replace(worker_id=worker_id)))
 
@@ -579,7 +579,7 @@ async def _serve(settings: Settings) -> int:
     metrics.init_worker_series("batch", consumer.worker_id)
     runner, url = await _start_http(settings, consumer)
     tasks = [asyncio.create_task(_heartbeat(redis, settings, consumer, engine.name, url, stop))]
-    log.info("worker.started", url=url, engine=engine.name)
+    log.info("worker_started", url=url, engine=engine.name)
     try:
         await consumer.run(stop)
     finally:
@@ -589,7 +589,7 @@ async def _serve(settings: Settings) -> int:
             await registry.remove(redis, consumer.worker_id, "batch")
         await runner.cleanup()
         await redis.aclose()
-    log.info("worker.stopped")
+    log.info("worker_stopped")
     return 0
 
 
