@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
+from phrases import SENTENCE_RECALL, TRAFFIC, recall
 
 from lanegate.settings import Settings
 from lanegate.supervisor import Child, Supervisor, build_children, cpu_split
 
 PY = sys.executable
-ONE = "the weather is nice today and the children play outside"
+ONE = TRAFFIC
 
 
 def py_child(name: str, code: str, **kwargs: object) -> Child:
@@ -198,7 +199,7 @@ def test_up_serves_a_stream_pins_the_lanes_and_stops_on_sigterm(
     stdout = result.stdout.decode()  # bytes: universal newlines would turn \r into \n
     assert result.returncode == 0, result.stderr
     finals = [line.split("\r")[-1].strip() for line in stdout.split("\n")]
-    assert any("today" in f or "outside" in f or "children" in f for f in finals), stdout
+    assert recall(ONE, " ".join(finals)) >= SENTENCE_RECALL, stdout
     assert "\r" in stdout  # partials are rewritten in place
 
     assert u.stop() == 0
@@ -230,10 +231,23 @@ def test_up_restarts_a_crashed_worker(up: Callable[..., Up]) -> None:
 
 
 def test_up_with_a_child_failing_at_start_exits_non_zero(up: Callable[..., Up]) -> None:
-    u = up("--engine", "no-such-engine")
-    code = u.proc.wait(120)
+    import socket
+
+    # the workers' internal port is taken, so they die while binding it
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        u = up("--worker-port", str(busy.getsockname()[1]))
+        code = u.proc.wait(120)
     assert code == 1
     assert "during start" in u.err.read_text()
+    assert not u.children()
+
+
+def test_up_refuses_bad_settings_before_starting_anything(up: Callable[..., Up]) -> None:
+    u = up("--engine", "no-such-engine")
+    assert u.proc.wait(60) == 2
+    assert "LANEGATE_ENGINE" in u.err.read_text()
     assert not u.children()
 
 
