@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -141,7 +142,9 @@ class Stack:
         return child
 
     async def __aenter__(self) -> Stack:
-        (self.workdir / "data").mkdir(parents=True, exist_ok=True)
+        # A fresh Redis (its AOF) and blob store: no job of an earlier run may come back.
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        (self.workdir / "data").mkdir(parents=True)
         try:
             await self.start()
         except BaseException:
