@@ -16,29 +16,13 @@ import openai
 import pytest
 from audio_files import encode
 from openai import OpenAI
+from phrases import MOST, SHORT, THREE
+from phrases import recall as overlap
 from stack import Stack, start_stack
 
 KEY = "openai-compat-key"
-SHORT = (
-    "the meeting will start at ten in the morning. "
-    "the weather is nice today and the children play outside"
-)
-LONG = (
-    "good morning everyone and welcome to the weekly planning meeting. "
-    "the meeting will start at ten in the morning. "
-    "the weather is nice today and the children play outside. "
-    "thank you all for coming and have a good week."
-)
+LONG = THREE  # about 10.5 s
 SYNC_MAX_S = 8.0
-
-
-def words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z']+", text.lower()))
-
-
-def overlap(expected: str, got: str) -> float:
-    want = words(expected)
-    return len(want & words(got)) / len(want)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +71,7 @@ def list_jobs(stack: Stack) -> list[dict[str, object]]:
 def test_json(client: OpenAI, short_wav: Path) -> None:
     with short_wav.open("rb") as f:
         result = client.audio.transcriptions.create(model="whisper-1", file=f)
-    assert overlap(SHORT, result.text) >= 0.5, result.text
+    assert overlap(SHORT, result.text) >= MOST, result.text
 
 
 def test_text(client: OpenAI, short_wav: Path) -> None:
@@ -95,7 +79,7 @@ def test_text(client: OpenAI, short_wav: Path) -> None:
                                               response_format="text")
     assert isinstance(text, str)
     assert text.endswith("\n")
-    assert overlap(SHORT, text) >= 0.5
+    assert overlap(SHORT, text) >= MOST
 
 
 def test_srt(client: OpenAI, short_wav: Path) -> None:
@@ -103,7 +87,7 @@ def test_srt(client: OpenAI, short_wav: Path) -> None:
                                              response_format="srt")
     assert isinstance(srt, str)
     assert re.match(r"1\n\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}\n", srt), srt
-    assert overlap(SHORT, srt) >= 0.5
+    assert overlap(SHORT, srt) >= MOST
 
 
 def test_vtt(client: OpenAI, short_wav: Path) -> None:
@@ -112,7 +96,7 @@ def test_vtt(client: OpenAI, short_wav: Path) -> None:
     assert isinstance(vtt, str)
     assert vtt.startswith("WEBVTT\n\n")
     assert re.search(r"\d\d:\d\d:\d\d\.\d{3} --> \d\d:\d\d:\d\d\.\d{3}", vtt)
-    assert overlap(SHORT, vtt) >= 0.5
+    assert overlap(SHORT, vtt) >= MOST
 
 
 def test_verbose_json_with_segments(client: OpenAI, short_wav: Path) -> None:
@@ -120,7 +104,7 @@ def test_verbose_json_with_segments(client: OpenAI, short_wav: Path) -> None:
         model="lanegate", file=short_wav, response_format="verbose_json", language="en")
     assert result.language == "english"
     assert result.duration == pytest.approx(6.5, abs=3)
-    assert overlap(SHORT, result.text) >= 0.5
+    assert overlap(SHORT, result.text) >= MOST
     assert result.segments
     assert [s.id for s in result.segments] == list(range(len(result.segments)))
     assert all(0 <= s.start <= s.end <= result.duration + 0.01 for s in result.segments)
@@ -162,7 +146,7 @@ def test_long_audio_waits_for_a_batch_job(client: OpenAI, long_wav: Path,
     job_id = raw.headers["X-Lanegate-Job-Id"]
     result = raw.parse()
     assert result.duration > SYNC_MAX_S
-    assert overlap(LONG, result.text) >= 0.5, result.text
+    assert overlap(LONG, result.text) >= MOST, result.text
     assert result.segments
     jobs = {j["id"]: j for j in list_jobs(stack)}
     assert jobs[job_id]["status"] == "completed"
@@ -227,7 +211,7 @@ def test_granularities_need_verbose_json(client: OpenAI, short_wav: Path) -> Non
 def test_prompt_and_temperature_are_accepted(client: OpenAI, short_wav: Path) -> None:
     result = client.audio.transcriptions.create(model="lanegate", file=short_wav,
                                                 prompt="Meeting notes.", temperature=0.2)
-    assert overlap(SHORT, result.text) >= 0.5
+    assert overlap(SHORT, result.text) >= MOST
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from conftest import RedisServer, read_pcm
+from phrases import SENTENCE_RECALL, TALKING, TRAFFIC, recall
 
 from lanegate.blobs import new_id
 from lanegate.settings import Settings
@@ -29,14 +30,9 @@ from workers.engines.pocketsphinx import PocketsphinxEngine
 from workers.engines.simulated import SimulatedEngine
 from workers.realtime import SESSION_PATH, RealtimeWorker
 
-ONE = "the weather is nice today and the children play outside"
-TWO = "i would like to order a large pizza with cheese"
+ONE = TRAFFIC
+TWO = TALKING
 FRAME_MS = 100
-
-
-def recall(expected: str, got: str) -> float:
-    want = set(expected.split())
-    return len(want & set(got.split())) / len(want)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +119,7 @@ async def test_speech_gives_partials_while_sending_and_finals_with_the_words(
     assert run.close_code == 1000
     finals = run.of("final")
     assert [f["segment"] for f in finals] == list(range(len(finals)))
-    assert recall(ONE, run.final_text) >= 0.4, run.final_text
+    assert recall(ONE, run.final_text) >= SENTENCE_RECALL, run.final_text
     first = finals[0]
     assert first["cut"] == "endpoint"
     assert 0 <= first["start_ms"] < first["end_ms"] <= first["audio_end_ms"]
@@ -143,7 +139,8 @@ async def test_two_concurrent_sessions_get_their_own_text(
                                 stream(ws_url(worker, "b"), two, 16000))
     assert recall(ONE, a.final_text) > recall(ONE, b.final_text)
     assert recall(TWO, b.final_text) > recall(TWO, a.final_text)
-    assert recall(ONE, a.final_text) >= 0.4
+    assert recall(ONE, a.final_text) >= SENTENCE_RECALL
+    assert recall(TWO, b.final_text) >= SENTENCE_RECALL
 
 
 async def test_a_full_worker_refuses_at_once_with_overloaded(
@@ -213,7 +210,7 @@ async def test_bad_input_gets_an_error_and_never_touches_another_session(
                 "type": "error", "code": "bad_request", "message": "audio after end"})
     run = await bystander
     assert run.events[-1] == {"type": "done"}
-    assert recall(ONE, run.final_text) >= 0.4
+    assert recall(ONE, run.final_text) >= SENTENCE_RECALL
     async with aiohttp.ClientSession() as http, http.get(f"{worker.url}/healthz") as resp:
         assert resp.status == 200
 

@@ -21,6 +21,8 @@ import pytest
 from aiohttp import web
 from audio_files import FORMATS, MIME, encode, silence_wav
 from conftest import free_port
+from phrases import LONG, MOST, SHORT
+from phrases import recall as overlap
 from stack import Stack, start_stack
 
 KEY_A, KEY_B, KEY_C = "key-alpha", "key-bravo", "key-charlie"
@@ -28,30 +30,6 @@ WEBHOOK_SECRET = "uploads-webhook-secret"
 MAX_UPLOAD = 2_000_000
 MAX_AUDIO_S = 120
 
-SHORT = (
-    "the meeting will start at ten in the morning. "
-    "the weather is nice today and the children play outside"
-)
-LONG = (
-    "good morning everyone and welcome to the weekly planning meeting. "
-    "first we will review the results from last week. the sales team closed four new "
-    "accounts and the support team answered every ticket within one day. "
-    "next we will talk about the new office. the move is planned for the end of the "
-    "month and every desk will need to be packed by friday. "
-    "finally we will discuss the budget for the coming quarter. we expect the cost of "
-    "travel to go down and the cost of software to go up. "
-    "thank you all for coming and have a good week."
-)
-
-
-def words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z']+", text.lower()))
-
-
-def overlap(expected: str, got: str) -> float:
-    """Share of the expected words that the transcript contains."""
-    want = words(expected)
-    return len(want & words(got)) / len(want)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +118,7 @@ async def test_short_upload_is_answered_synchronously(http: aiohttp.ClientSessio
     assert status == 200, body
     assert headers["X-Lanegate-Lane"] == "realtime"
     result = json.loads(body)
-    assert overlap(SHORT, result["text"]) >= 0.5, result["text"]
+    assert overlap(SHORT, result["text"]) >= MOST, result["text"]
     assert result["duration"] == pytest.approx(6.5, abs=3)
     assert result["segments"]
     assert all(s["end"] >= s["start"] for s in result["segments"])
@@ -152,7 +130,7 @@ async def test_every_format_transcribes(ext: str, http: aiohttp.ClientSession, s
     source = encode(short_wav, ext, encoded_dir)
     status, _, body = await post(http, form(source, MIME[ext], response_format="text"))
     assert status == 200, body
-    assert overlap(SHORT, body) >= 0.5, body
+    assert overlap(SHORT, body) >= MOST, body
 
 
 async def test_raw_body_with_audio_content_type(http: aiohttp.ClientSession, short_wav: Path,
@@ -165,7 +143,7 @@ async def test_raw_body_with_audio_content_type(http: aiohttp.ClientSession, sho
     assert headers["Content-Type"].startswith("text/vtt")
     assert body.startswith("WEBVTT\n\n")
     assert "-->" in body
-    assert overlap(SHORT, body) >= 0.5
+    assert overlap(SHORT, body) >= MOST
 
 
 # --- batch jobs ---------------------------------------------------------------------------
@@ -203,7 +181,7 @@ async def test_long_upload_becomes_a_job_that_completes(http: aiohttp.ClientSess
     assert results["srt"][0].startswith("application/x-subrip")
     assert results["vtt"][0].startswith("text/vtt")
     transcript = json.loads(results["json"][1])
-    assert overlap(LONG, transcript["text"]) >= 0.5, transcript["text"]
+    assert overlap(LONG, transcript["text"]) >= MOST, transcript["text"]
     assert len(transcript["segments"]) >= 2
     assert transcript["duration"] == pytest.approx(job["audio_seconds"], abs=0.01)
     assert results["srt"][1].startswith("1\n00:00:")
@@ -218,7 +196,7 @@ async def test_async_short_upload_is_queued(http: aiohttp.ClientSession,
     final = (await wait_done(http, job_id))[-1]
     assert final["status"] == "completed"
     async with http.get(f"/v1/transcriptions/{job_id}", params={"format": "text"}) as resp:
-        assert overlap(SHORT, await resp.text()) >= 0.5
+        assert overlap(SHORT, await resp.text()) >= MOST
 
 
 # --- limits and validation -------------------------------------------------------------------
@@ -436,7 +414,7 @@ async def test_unresponsive_realtime_lane_falls_back_to_a_job(http: aiohttp.Clie
     job_id = headers["Location"].rsplit("/", 1)[1]
     assert (await wait_done(http, job_id))[-1]["status"] == "completed"
     async with http.get(f"/v1/transcriptions/{job_id}", params={"format": "text"}) as resp:
-        assert overlap(SHORT, await resp.text()) >= 0.5
+        assert overlap(SHORT, await resp.text()) >= MOST
 
 
 def metric(text: str, name: str, **labels: str) -> float:
