@@ -2,7 +2,8 @@
 
 Run pinned to the batch worker's core: ``taskset -c 1 python -m bench.ceiling A.wav ...``.
 ``python -m bench.ceiling --stream A.wav SECONDS`` times the realtime lane's engine
-work instead (100 ms chunks), for the cross-core interference check.
+work instead (100 ms chunks), and ``--spin SECONDS`` keeps a CPU busy with plain
+interpreter work, for the cross-core interference check.
 It decodes exactly what the batch lane decodes (the same VAD segments, the
 same decoder configuration, with the second pass) and prints one JSON line:
 audio seconds per wall second over the whole files.
@@ -82,7 +83,21 @@ def measure_stream(path: Path, seconds: float) -> dict[str, float | int | str]:
             "cpus": ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))}
 
 
+def spin(seconds: float) -> dict[str, float | int | str]:
+    """Pure interpreter work with a tiny memory footprint: no cache or memory traffic to
+    speak of, so a slowdown it causes on the other CPU means shared execution units."""
+    deadline = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < deadline:
+        for i in range(10_000):
+            n += i * i
+    return {"spin_s": seconds, "cpus": ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))}
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--spin":
+        print(json.dumps(spin(float(argv[1]))))
+        return 0
     if argv and argv[0] == "--stream":
         print(json.dumps(measure_stream(Path(argv[1]), float(argv[2]))))
         return 0

@@ -278,7 +278,10 @@ def batch_lines(r: dict[str, Any]) -> list[str]:
                    f"{inter['rt_alone']['cpus']} takes {inter['rt_alone']['wall_s_per_audio_s']}"
                    f" s per audio s with the other CPU idle and "
                    f"{inter['rt_with_batch_busy']['wall_s_per_audio_s']} s while the batch "
-                   f"engine decodes on the other CPU (x{inter['slowdown']}).")
+                   f"engine decodes on the other CPU (x{inter['slowdown']}); "
+                   f"{inter.get('rt_with_spin_busy', {}).get('wall_s_per_audio_s')} s while "
+                   f"a plain interpreter loop with almost no memory traffic spins there "
+                   f"(x{inter.get('spin_slowdown')}).")
     s3 = r.get("s3_split_batch")
     if s3:
         out.append(f"- `split` batch lane: {s3.get('completed')} of {s3.get('jobs')} jobs "

@@ -150,10 +150,18 @@ class Bench:
         await asyncio.sleep(1.5)  # the hog's start-up: model load and VAD
         busy = await self.pinned(self.o.rt_cpus, "--stream", clip, "8")
         await hog
-        slowdown = busy["wall_s_per_audio_s"] / alone["wall_s_per_audio_s"]
-        self.results["interference"] = {"rt_alone": alone, "rt_with_batch_busy": busy,
-                                        "slowdown": round(slowdown, 3)}
-        print(f"interference: x{slowdown:.3f}", flush=True)
+        spinner = asyncio.create_task(self.pinned(self.o.batch_cpus, "--spin", "10"))
+        await asyncio.sleep(0.5)
+        spun = await self.pinned(self.o.rt_cpus, "--stream", clip, "8")
+        await spinner
+        base = alone["wall_s_per_audio_s"]
+        slowdown = busy["wall_s_per_audio_s"] / base
+        self.results["interference"] = {
+            "rt_alone": alone, "rt_with_batch_busy": busy, "slowdown": round(slowdown, 3),
+            "rt_with_spin_busy": spun,
+            "spin_slowdown": round(spun["wall_s_per_audio_s"] / base, 3)}
+        print(f"interference: x{slowdown:.3f} (spin x{spun['wall_s_per_audio_s'] / base:.3f})",
+              flush=True)
 
     async def split(self) -> None:
         want = set(self.o.scenarios)
