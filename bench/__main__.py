@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def render(doc: dict[str, object], results_dir: Path, markdown_path: Path) -> No
     notes = notes_path.read_text() if notes_path.exists() else ""
     for path in plots.make_all(doc, results_dir):
         print(f"wrote {path}")
-    markdown_path.write_text(report.markdown(doc, notes))
+    rel = os.path.relpath(results_dir.resolve(), markdown_path.resolve().parent)
+    markdown_path.write_text(report.markdown(doc, notes, rel))
     print(f"wrote {markdown_path}")
 
 

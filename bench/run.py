@@ -296,7 +296,9 @@ def run(o: Options) -> dict[str, Any]:
     machine = report.machine()
     bench = Bench(o)
     results = asyncio.run(bench.run())
-    doc = {"machine": machine, "options": o.to_json(), "stacks": bench.stacks,
+    env = " ".join(f"{k}={v}" for k, v in os.environ.items() if k == "PYTHONPATH")
+    doc = {"command": (env + " " if env else "") + "python -m bench " + " ".join(sys.argv[1:]),
+           "machine": machine, "options": o.to_json(), "stacks": bench.stacks,
            "results": results}
     doc["verdicts"] = report.verdicts(doc)
     path = Path(o.out) / "results.json"
