@@ -10,6 +10,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 
 GROUPS = (  # (title, [(results key, label)])
     ("1: {n} live streams + batch flood (pocketsphinx)",
@@ -61,6 +64,8 @@ def latency_cdf(r: dict[str, Any], path: Path) -> None:
                     label=f"{label}: p99 {p99:.0f} ms (n={n})")
         ax.axvline(RED_LINE_MS, color="red", linestyle="--", linewidth=1, label="300 ms")
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(PLAIN)
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_yscale("logit")
         ax.set_yticks([0.1, 0.5, 0.9, 0.99, 0.999])
         ax.set_yticklabels(["p10", "p50", "p90", "p99", "p99.9"])
@@ -130,6 +135,8 @@ def timeline(r: dict[str, Any], path: Path) -> None:
                     linewidth=1)
         ax.axhline(RED_LINE_MS, color="red", linestyle="--", linewidth=1, label="300 ms")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(PLAIN)
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_ylabel("worst partial (ms)")
         ax.set_title(title + ": worst partial latency per 0.5 s", fontsize=10)
         ax.legend(fontsize=8, loc="upper right")
