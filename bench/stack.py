@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 import aiohttp
 import redis.asyncio as aioredis
 
+from lanegate.settings import Settings
 from workers.registry import WorkerInfo, list_workers
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -253,10 +255,13 @@ class Stack:
                 child.proc.wait(5)
 
     def describe(self) -> dict[str, object]:
-        """Exact commands and LANEGATE_* environment of every child, for the report."""
+        """Exact commands, LANEGATE_* environment and the effective settings (defaults
+        included) of every child, for the report."""
         return {"design": self.plan.design,
                 "processes": [{"name": c.name, "argv": [os.path.basename(a) if a ==
                                                         sys.executable else a
                                                         for a in c.argv],
-                               "env": dict(sorted(c.env.items()))}
+                               "env": dict(sorted(c.env.items())),
+                               "settings": (dataclasses.asdict(Settings.from_env(c.env))
+                                            if c.name != "redis" else None)}
                               for c in self.children]}
