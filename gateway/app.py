@@ -53,7 +53,10 @@ async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _http_ctx(app: web.Application) -> AsyncIterator[None]:
-    session = aiohttp.ClientSession()
+    # One internal WebSocket per live session: aiohttp's default connector caps a
+    # session at 100 connections, which would queue stream 101 behind the others.
+    # The real bound is the workers' decoder slots.
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     app[HTTP] = session
     yield
     await session.close()
