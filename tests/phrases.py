@@ -3,7 +3,7 @@
 pocketsphinx (the wheel's en-us model) recognises espeak-ng speech poorly, and how
 poorly depends on the sentence far more than on anything the service does: with
 the fixture's voice (``en-us+klatt``, 130 wpm) one sentence comes back at recall
-0.1 and another at 1.0. These sentences were picked out of 60 by measuring the
+0.1 and another at 1.0. These were picked out of about 60 by measuring the
 realtime path (a ``RealtimeSession`` over a slot decoder, driven as the worker
 drives it) with client frames of 20, 100 and 320 ms and the whole clip in one
 frame, decoder chunks of 100 and 200 ms, input at 16, 22.05, 44.1 and 48 kHz,

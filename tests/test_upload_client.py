@@ -12,24 +12,13 @@ from pathlib import Path
 import pytest
 from audio_files import encode
 from conftest import free_port
+from phrases import MOST, SHORT
+from phrases import recall as overlap
 from stack import REPO, Stack, start_stack
 
 from lanegate.upload_client import ProgressBar
 
 KEY = "cli-key"
-SHORT = (
-    "the meeting will start at ten in the morning. "
-    "the weather is nice today and the children play outside"
-)
-
-
-def words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z']+", text.lower()))
-
-
-def overlap(expected: str, got: str) -> float:
-    want = words(expected)
-    return len(want & words(got)) / len(want)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +47,7 @@ def transcribe(url: str, *args: str, key: str | None = KEY) -> subprocess.Comple
 def test_short_file_prints_text(stack: Stack, short_wav: Path) -> None:
     done = transcribe(stack.url, str(short_wav))
     assert done.returncode == 0, done.stderr
-    assert overlap(SHORT, done.stdout) >= 0.5, done.stdout
+    assert overlap(SHORT, done.stdout) >= MOST, done.stdout
     assert "\r[" not in done.stderr  # answered at once: no job, no progress bar
 
 
@@ -71,7 +60,7 @@ def test_srt_saved_to_a_file(stack: Stack, short_wav: Path, tmp_path: Path) -> N
     assert f"saved to {out}" in done.stderr
     srt = out.read_text()
     assert re.match(r"1\n00:00:\d\d,\d{3} --> 00:00:\d\d,\d{3}\n", srt), srt
-    assert overlap(SHORT, srt) >= 0.5
+    assert overlap(SHORT, srt) >= MOST
 
 
 def test_async_job_shows_a_progress_bar(stack: Stack, short_wav: Path) -> None:
@@ -82,7 +71,7 @@ def test_async_job_shows_a_progress_bar(stack: Stack, short_wav: Path) -> None:
     assert frames, done.stderr
     assert re.fullmatch(r"\[#{30}\] 100%  completed\s*\n", frames[-1]), frames[-1]
     assert done.stdout.startswith("WEBVTT")
-    assert overlap(SHORT, done.stdout) >= 0.5
+    assert overlap(SHORT, done.stdout) >= MOST
 
 
 def test_errors_exit_non_zero_with_a_message(stack: Stack, short_wav: Path,
