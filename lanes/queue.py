@@ -52,6 +52,11 @@ local function owns(job, attempt)
   return redis.call('HGET', job, 'status') == 'processing'
      and redis.call('HGET', job, 'attempts') == attempt
 end
+-- a worker that no longer owns the job: a cancelled job's entry is dropped all the same
+local function lost(job, stream, group, entry)
+  if redis.call('HGET', job, 'status') == 'cancelled' then drop(stream, group, entry) end
+  return 0
+end
 local function finish(job, status, now, ttl, err, wh_due, wh_key, job_id)
   redis.call('HSET', job, 'status', status, 'updated_at', now, 'finished_at', now,
              'error', err)
@@ -107,12 +112,7 @@ return 1
 """
 
 _COMPLETE = _PRELUDE + """
-if not owns(KEYS[1], ARGV[6]) then
-  if redis.call('HGET', KEYS[1], 'status') == 'cancelled' then
-    drop(KEYS[3], ARGV[1], ARGV[2])
-  end
-  return 0
-end
+if not owns(KEYS[1], ARGV[6]) then return lost(KEYS[1], KEYS[3], ARGV[1], ARGV[2]) end
 redis.call('SET', KEYS[2], ARGV[7], 'PX', ARGV[5], 'NX')
 finish(KEYS[1], 'completed', ARGV[4], ARGV[5], '', KEYS[5], KEYS[6], ARGV[3])
 drop(KEYS[3], ARGV[1], ARGV[2])
@@ -120,12 +120,7 @@ return 1
 """
 
 _FAIL = _PRELUDE + """
-if not owns(KEYS[1], ARGV[6]) then
-  if redis.call('HGET', KEYS[1], 'status') == 'cancelled' then
-    drop(KEYS[3], ARGV[1], ARGV[2])
-  end
-  return 0
-end
+if not owns(KEYS[1], ARGV[6]) then return lost(KEYS[1], KEYS[3], ARGV[1], ARGV[2]) end
 finish(KEYS[1], 'failed', ARGV[4], ARGV[5], ARGV[7], KEYS[5], KEYS[6], ARGV[3])
 drop(KEYS[3], ARGV[1], ARGV[2])
 return 1
