@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import redis
 from conftest import read_pcm
 from phrases import SENTENCE_RECALL, TALKING, TRAFFIC, recall
 from stack import Stack, start_stack
+from wsrun import Run
 
 from gateway.auth import tenant_id
 from lanegate.constants import KEY_SESSIONS_KEY, WORKER_KEY, WORKERS_KEY
@@ -43,26 +43,6 @@ SETTINGS = {
     "LANEGATE_MAX_SESSION_S": "8",
     "LANEGATE_IDLE_TIMEOUT_S": "2",
 }
-
-
-@dataclass
-class Run:
-    events: list[dict[str, Any]] = field(default_factory=list)
-    close_code: int | None = None
-    partials_before_end: int = 0
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["type"] == kind]
-
-    @property
-    def final_text(self) -> str:
-        return " ".join(e["text"] for e in self.of("final"))
-
-    @property
-    def error(self) -> dict[str, Any]:
-        errors = self.of("error")
-        assert errors, f"no error event in {self.events}"
-        return errors[0]
 
 
 def stream_url(stack: Stack, query: str = "sample_rate=16000") -> str:

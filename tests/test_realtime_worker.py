@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from conftest import RedisServer, read_pcm
 from phrases import SENTENCE_RECALL, TALKING, TRAFFIC, recall
+from wsrun import Run
 
 from lanegate.blobs import new_id
 from lanegate.settings import Settings
@@ -38,20 +38,6 @@ FRAME_MS = 100
 @pytest.fixture(scope="module")
 def ps_engine() -> PocketsphinxEngine:
     return PocketsphinxEngine(Settings(), slots=2, batch_decoder=False)
-
-
-@dataclass
-class Run:
-    events: list[dict[str, Any]] = field(default_factory=list)
-    close_code: int | None = None
-    partials_before_end: int = 0
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["type"] == kind]
-
-    @property
-    def final_text(self) -> str:
-        return " ".join(e["text"] for e in self.of("final"))
 
 
 def ws_url(worker: RealtimeWorker, session_id: str, rate: int = 16000) -> str:
