@@ -334,13 +334,20 @@ def _not_found(job_id: str) -> web.HTTPException:
     return json_error(404, "not_found", f"no transcription job {job_id!r}")
 
 
-async def get_transcription(request: web.Request) -> web.StreamResponse:
+async def _callers_job(request: web.Request) -> tuple[JobStore, str, Job]:
+    """The store, the tenant and the job the path names; 404 for anyone else's job."""
     tenant = tenant_of(request)
     job_id = _job_id(request)
     jobs = jobs_of(request.app)
     job = await jobs.get(job_id, tenant)
     if job is None:
         raise _not_found(job_id)
+    return jobs, tenant, job
+
+
+async def get_transcription(request: web.Request) -> web.StreamResponse:
+    jobs, tenant, job = await _callers_job(request)
+    job_id = job.id
     fmt = request.query.get("format")
     if fmt is None:
         return job_response(job)
@@ -387,12 +394,8 @@ def _limit(raw: str | None) -> int:
 
 
 async def delete_transcription(request: web.Request) -> web.StreamResponse:
-    tenant = tenant_of(request)
-    job_id = _job_id(request)
-    jobs = jobs_of(request.app)
-    before = await jobs.get(job_id, tenant)
-    if before is None:
-        raise _not_found(job_id)
+    jobs, tenant, before = await _callers_job(request)
+    job_id = before.id
     job = await jobs.cancel(job_id, tenant)
     if job is None:
         raise _not_found(job_id)
