@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,15 +42,25 @@ class Close:
 
 @dataclass
 class SessionHandle:
+    """A session in the loop and where its events go: ``sink`` if given (a shared
+    connection that batches many sessions' events), else the ``outbox`` queue."""
+
     session: RealtimeSession
+    sink: Callable[[Event | Close], None] | None = None
     outbox: asyncio.Queue[Event | Close] = field(default_factory=asyncio.Queue)
     abandoned: bool = False  # the connection is gone or broke the protocol
     started: float = field(default_factory=time.monotonic)
 
+    def post(self, item: Event | Close) -> None:
+        if self.sink is not None:
+            self.sink(item)
+        else:
+            self.outbox.put_nowait(item)
+
     def send(self, events: Sequence[Event]) -> None:
         if not self.abandoned:
             for event in events:
-                self.outbox.put_nowait(event)
+                self.post(event)
 
 
 @dataclass
@@ -98,8 +108,9 @@ class StepLoop:
         self._labels = {"lane": lane, "worker": worker_id}
 
     # --- inputs (called from connection handlers) ---------------------------------
-    def add(self, session: RealtimeSession) -> SessionHandle:
-        handle = SessionHandle(session)
+    def add(self, session: RealtimeSession,
+            sink: Callable[[Event | Close], None] | None = None) -> SessionHandle:
+        handle = SessionHandle(session, sink)
         self.sessions[session.session_id] = handle
         self._gauges()
         self.wake()
@@ -107,6 +118,10 @@ class StepLoop:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def touch(self, handle: SessionHandle) -> None:
+        """``handle``'s session changed (audio, end, abandoned): settle it next iteration."""
+        self.wake()
 
     def flush_all(self) -> None:
         """Drain deadline: every session gets its last finals and ``done`` now."""
@@ -178,7 +193,7 @@ class StepLoop:
         handle.send(self._counted(session.settle()))
         if session.finished:
             handle.send([{"type": "done"}])
-            handle.outbox.put_nowait(Close(CLOSE_NORMAL))
+            handle.post(Close(CLOSE_NORMAL))
             self._drop(handle, "done")
 
     async def _run_step(self, plan: StepPlan) -> None:
@@ -235,7 +250,7 @@ class StepLoop:
 
     def _fail(self, handle: SessionHandle, message: str) -> None:
         handle.send([{"type": "error", "code": "internal", "message": message}])
-        handle.outbox.put_nowait(Close(CLOSE_INTERNAL))
+        handle.post(Close(CLOSE_INTERNAL))
         handle.abandoned = True
 
     def _drop(self, handle: SessionHandle, reason: str) -> None:
@@ -252,7 +267,7 @@ class StepLoop:
 
     def _close_all(self) -> None:
         for handle in list(self.sessions.values()):
-            handle.outbox.put_nowait(Close(CLOSE_NORMAL))
+            handle.post(Close(CLOSE_NORMAL))
             self._drop(handle, "worker_stopped")
         for item in self._batch:
             if not item.future.done():

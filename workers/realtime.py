@@ -241,8 +241,8 @@ class RealtimeWorker:
         finally:
             if not session.ended:
                 handle.abandoned = True
-                handle.outbox.put_nowait(Close(CLOSE_POLICY))
-                self.loop.wake()
+                handle.post(Close(CLOSE_POLICY))
+                self.loop.touch(handle)
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
             self._publish_soon()
@@ -263,7 +263,7 @@ class RealtimeWorker:
                 session.end(time.monotonic())
             else:
                 return None
-            self.loop.wake()
+            self.loop.touch(handle)
         return None
 
     async def _refuse(self, ws: web.WebSocketResponse, code: str, message: str,
@@ -275,10 +275,10 @@ class RealtimeWorker:
 
     def _reject(self, handle: SessionHandle, message: str) -> None:
         handle.send([{"type": "error", "code": "bad_request", "message": message}])
-        handle.outbox.put_nowait(Close(CLOSE_POLICY))
+        handle.post(Close(CLOSE_POLICY))
         handle.abandoned = True
         handle.session.ended = True
-        self.loop.wake()
+        self.loop.touch(handle)
 
 
 def _session_params(request: web.Request) -> tuple[str, int]:
