@@ -15,6 +15,7 @@ between engine steps and sends the events these return.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,10 @@ VAD_STEP_SAMPLES = 2 * RATE
 class CutPoint:
     segment: SegmentEnded  # in 16 kHz samples
     decided_at: int  # VAD position (samples) when the cut was decided
+
+
+def _first(arrival: tuple[int, float]) -> int:
+    return arrival[0]
 
 
 def ms(samples: int) -> int:
@@ -149,10 +154,13 @@ class RealtimeSession:
         the moment it came. Oldest-first then serves live streams on their beat and
         still digests a burst faster than real time whenever the budget allows.
         """
-        for start, paced in reversed(self._arrivals):  # the cursor is usually near the end
-            if start <= self.cursor:
-                return paced + (self.cursor - start) / RATE
-        return 0.0
+        # A bisection, not a scan: a session that fell behind (a dump, an overloaded
+        # worker) has many arrivals past its cursor, and this runs every iteration.
+        i = bisect_right(self._arrivals, self.cursor, key=_first) - 1
+        if i < 0:
+            return 0.0
+        start, paced = self._arrivals[i]
+        return paced + (self.cursor - start) / RATE
 
     @property
     def finished(self) -> bool:

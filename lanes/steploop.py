@@ -23,7 +23,7 @@ from lanegate.constants import CLOSE_INTERNAL, CLOSE_NORMAL, ENGINE_SAMPLE_RATE
 from lanegate.logs import get_logger
 from lanegate.settings import Settings
 from lanes.cost import CostModel
-from lanes.scheduler import StepLimits, StepPlan, create_queue, plan_step
+from lanes.scheduler import Candidate, StepLimits, StepPlan, create_queue, plan_step
 from lanes.session import VAD_STEP_SAMPLES, Event, RealtimeSession
 from workers.engines.base import Engine, Hypothesis
 
@@ -91,6 +91,11 @@ class StepLoop:
         self.lane = lane
         self.worker_id = worker_id
         self.sessions: dict[str, SessionHandle] = {}
+        # Per iteration only sessions that changed are settled and only sessions with
+        # decodable audio are planned: with hundreds of live streams, most are idle
+        # between two steps, and visiting them all made each iteration O(sessions).
+        self._dirty: dict[str, None] = {}  # touched since they were last settled
+        self._ready: dict[str, None] = {}  # had decodable audio when last looked at
         self.cost = CostModel.from_prior(engine.cost_prior(), settings.cost_ewma_alpha)
         self.limits = step_limits(settings, lane)
         # Uncapped (the naive designs) the VAD also takes a burst in one piece.
@@ -113,7 +118,7 @@ class StepLoop:
         handle = SessionHandle(session, sink)
         self.sessions[session.session_id] = handle
         self._gauges()
-        self.wake()
+        self.touch(handle)
         return handle
 
     def wake(self) -> None:
@@ -121,6 +126,7 @@ class StepLoop:
 
     def touch(self, handle: SessionHandle) -> None:
         """``handle``'s session changed (audio, end, abandoned): settle it next iteration."""
+        self._dirty[handle.session.session_id] = None
         self.wake()
 
     def flush_all(self) -> None:
@@ -143,23 +149,19 @@ class StepLoop:
         try:
             while not stop.is_set():
                 self._wake.clear()
-                self._settle_all()
-                plan = plan_step([h.session.candidate() for h in self.sessions.values()],
-                                 self.queue, self.cost, self.limits)
+                self._settle_dirty()
+                plan = plan_step(self._candidates(), self.queue, self.cost, self.limits)
                 if plan:
                     await self._run_step(plan)
                 if self._batch:
                     await self._run_batch_item(self._batch.popleft())
-                if not plan and not self._batch and not self._analysis_pending():
+                if not plan and not self._batch and not self._dirty:
                     await self._idle(stop)
                 else:
                     await asyncio.sleep(0)  # let network I/O in between steps
         finally:
             self._close_all()
             self._executor.shutdown(wait=True)
-
-    def _analysis_pending(self) -> bool:
-        return any(h.session.analysis_pending for h in self.sessions.values())
 
     async def _idle(self, stop: asyncio.Event) -> None:
         stopper = asyncio.ensure_future(stop.wait())
@@ -171,18 +173,42 @@ class StepLoop:
             stopper.cancel()
             waker.cancel()
 
-    def _settle_all(self) -> None:
+    def _settle_dirty(self) -> None:
+        """Settle every touched session (all of them at the drain deadline); one whose
+        VAD still has a burst to analyse stays dirty for the next iteration."""
+        dirty = self.sessions if self._flush_all else self._dirty
+        self._dirty = {}
         now = time.monotonic()
-        for handle in list(self.sessions.values()):
+        for session_id in list(dirty):
+            handle = self.sessions.get(session_id)
+            if handle is None:
+                continue
             if handle.abandoned:
                 self._drop(handle, "abandoned")
                 continue
             try:
                 self._settle(handle, now)
             except Exception:  # one session's failure must not stop the others
-                self._log.exception("session_failed", session_id=handle.session.session_id)
+                self._log.exception("session_failed", session_id=session_id)
                 self._fail(handle, "the worker failed on this session")
                 self._drop(handle, "failed")
+                continue
+            if session_id in self.sessions:
+                self._ready[session_id] = None
+                if handle.session.analysis_pending:
+                    self._dirty[session_id] = None
+
+    def _candidates(self) -> list[Candidate]:
+        """Candidates of the sessions that may have decodable audio; forgets the rest."""
+        candidates = []
+        for session_id in list(self._ready):
+            handle = self.sessions.get(session_id)
+            candidate = handle.session.candidate() if handle is not None else None
+            if candidate is None or candidate.pending_samples <= 0:
+                del self._ready[session_id]
+            else:
+                candidates.append(candidate)
+        return candidates
 
     def _settle(self, handle: SessionHandle, now: float) -> None:
         session = handle.session
@@ -211,6 +237,7 @@ class StepLoop:
             return
         self._record_step(time.perf_counter() - started, plan.audio_samples, len(work))
         for handle, hyp in zip(handles, hyps, strict=True):
+            self._dirty[handle.session.session_id] = None
             try:
                 handle.send(self._counted(handle.session.after_chunk(hyp)))
             except Exception:
@@ -252,6 +279,7 @@ class StepLoop:
         handle.send([{"type": "error", "code": "internal", "message": message}])
         handle.post(Close(CLOSE_INTERNAL))
         handle.abandoned = True
+        self._dirty[handle.session.session_id] = None
 
     def _drop(self, handle: SessionHandle, reason: str) -> None:
         session = handle.session
