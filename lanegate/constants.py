@@ -50,3 +50,10 @@ CLOSE_POLICY = 1008
 CLOSE_TOO_LARGE = 1009
 CLOSE_INTERNAL = 1011
 CLOSE_OVERLOADED = 1013
+
+# --- gateway-worker link (/internal/v1/link, docs/INTERNALS.md) ---------------
+#: a binary batch is flushed once its records pass this many bytes (so a batch is
+#: at most this plus one frame); the worker sizes its max_msg_size from it
+LINK_BATCH_BYTES = 1_048_576
+#: header of one audio record in a binary batch: channel, PCM byte length
+LINK_RECORD_HEADER = "<II"

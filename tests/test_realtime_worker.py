@@ -4,9 +4,11 @@ real espeak-ng speech, a real aiohttp client; SIGTERM drain on a real subprocess
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +30,7 @@ from workers import registry
 from workers.engines import Engine
 from workers.engines.pocketsphinx import PocketsphinxEngine
 from workers.engines.simulated import SimulatedEngine
+from workers.link import LINK_PATH
 from workers.realtime import SESSION_PATH, RealtimeWorker
 
 ONE = TRAFFIC
@@ -328,3 +331,153 @@ async def test_sigterm_drains_sessions_then_exits_0(
     assert events.count("session_start") == 2
     assert "worker_stopped" in events
 
+
+
+# --- the multiplexed link (/internal/v1/link) -------------------------------------------
+
+RECORD = struct.Struct("<II")
+
+
+def batch(*records: tuple[int, bytes]) -> bytes:
+    return b"".join(RECORD.pack(ch, len(pcm)) + pcm for ch, pcm in records)
+
+
+class RawLink:
+    """A gateway's side of a link, by hand: every ``[ch, event]`` the worker sends, by
+    channel, and how many text messages they came in."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.events: dict[int, list[dict[str, Any]]] = {}
+        self.messages = 0
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for msg in self.ws:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                self.messages += 1
+                for ch, event in json.loads(msg.data):
+                    self.events.setdefault(ch, []).append(event)
+
+    async def open(self, ch: int, session_id: str, rate: int = 16000) -> None:
+        await self.ws.send_json({"op": "open", "ch": ch, "session_id": session_id,
+                                 "sample_rate": rate, "language": "en"})
+
+    async def wait(self, ch: int, kind: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        for _ in range(int(timeout_s / 0.02)):
+            for event in self.events.get(ch, []):
+                if event["type"] == kind:
+                    return event
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no {kind} on channel {ch}: {self.events.get(ch)}")
+
+    def run(self, ch: int) -> Run:
+        return Run(events=[e for e in self.events.get(ch, []) if e["type"] != "closed"])
+
+
+@contextlib.asynccontextmanager
+async def raw_link(worker: RealtimeWorker) -> AsyncIterator[RawLink]:
+    async with aiohttp.ClientSession() as http, http.ws_connect(worker.url + LINK_PATH) as ws:
+        hello = await ws.receive_json(timeout=5)
+        assert hello == {"type": "link", "worker": "rt-test", "lane": "realtime"}
+        link = RawLink(ws)
+        yield link
+        link.reader.cancel()
+
+
+async def slots_back(worker: RealtimeWorker, free: int = 2) -> None:
+    for _ in range(100):
+        if worker.engine.slots_free() == free:
+            return
+        await asyncio.sleep(0.05)
+    assert worker.engine.slots_free() == free, "closed sessions give their slots back"
+
+
+async def test_link_channels_get_their_own_events_from_batched_audio(
+    worker: RealtimeWorker, speech: Callable[..., Path],
+) -> None:
+    one, _ = read_pcm(speech(ONE))
+    two, _ = read_pcm(speech(TWO))
+    one, two = one + bytes(32000), two + bytes(32000)
+    frame = 16000 * FRAME_MS // 1000 * 2
+    async with raw_link(worker) as link:
+        await link.open(1, "la")
+        await link.open(7, "lb")
+        assert (await link.wait(1, "accepted"))["lane"] == "realtime"
+        await link.wait(7, "accepted")
+        for off in range(0, max(len(one), len(two)), frame):
+            await link.ws.send_bytes(batch((1, one[off:off + frame]), (7, two[off:off + frame]),
+                                           (99, bytes(frame))))  # 99: no such channel
+            await asyncio.sleep(0.02)
+        for ch in (1, 7):
+            await link.ws.send_json({"op": "end", "ch": ch})
+        for ch in (1, 7):
+            await link.wait(ch, "done")
+            assert (await link.wait(ch, "closed"))["code"] == 1000
+        sent = sum(len(events) for events in link.events.values())
+        assert link.messages < sent, "events of one tick share a message"
+    a, b = link.run(1), link.run(7)
+    assert a.events[-1] == b.events[-1] == {"type": "done"}
+    assert a.of("partial")
+    assert b.of("partial")
+    assert recall(ONE, a.final_text) >= SENTENCE_RECALL, a.final_text
+    assert recall(TWO, b.final_text) >= SENTENCE_RECALL, b.final_text
+    assert recall(ONE, a.final_text) > recall(ONE, b.final_text)
+    assert 99 not in link.events
+    await slots_back(worker)
+
+
+async def test_link_bad_input_errors_only_its_channel(worker: RealtimeWorker) -> None:
+    async with raw_link(worker) as link:
+        await link.open(1, "odd")
+        await link.open(2, "fine")
+        await link.open(3, "rate", rate=96000)
+        await link.ws.send_json({"op": "open", "ch": 4, "sample_rate": "abc"})
+        for ch in (1, 2):
+            await link.wait(ch, "accepted")
+        for ch in (3, 4):
+            assert (await link.wait(ch, "error"))["code"] == "bad_request"
+        await link.ws.send_bytes(batch((1, b"\x00\x01\x02"), (2, bytes(3200))))
+        error = await link.wait(1, "error")
+        assert error["code"] == "bad_request"
+        assert "even byte count" in error["message"]
+        assert (await link.wait(1, "closed"))["code"] == 1008
+        await link.ws.send_bytes(batch((1, bytes(3200)), (2, bytes(3200))))  # 1 is gone
+        await link.ws.send_json({"op": "end", "ch": 2})
+        await link.ws.send_json({"op": "end", "ch": 2})
+        error = await link.wait(2, "error")
+        assert error["message"] == "end sent twice"
+        assert [e["type"] for e in link.events[1]] == ["accepted", "error", "closed"]
+    await slots_back(worker)
+
+
+@pytest.mark.parametrize("data", [b"\x01\x00\x00", batch((1, bytes(10)))[:-4]])
+async def test_link_malformed_binary_closes_the_link_1008_and_frees_its_slots(
+    worker: RealtimeWorker, data: bytes,
+) -> None:
+    async with raw_link(worker) as link:
+        await link.open(1, "m")
+        await link.wait(1, "accepted")
+        assert worker.engine.slots_free() == 1
+        await link.ws.send_bytes(data)
+        await asyncio.wait_for(link.reader, 5)
+        assert link.ws.close_code == 1008
+    await slots_back(worker)
+
+
+async def test_link_overloaded_when_full_and_closing_the_link_frees_the_slots(
+    worker: RealtimeWorker,
+) -> None:
+    async with raw_link(worker) as link:
+        for ch in (1, 2):
+            await link.open(ch, f"h{ch}")
+            await link.wait(ch, "accepted")
+        await link.open(3, "extra")
+        assert (await link.wait(3, "error"))["code"] == "overloaded"
+        await link.ws.send_json({"op": "abandon", "ch": 1})
+        await slots_back(worker, free=1)
+        await link.open(4, "again")
+        await link.wait(4, "accepted")
+        assert worker.engine.slots_free() == 0
+        assert not [e for e in link.events[1] if e["type"] != "accepted"], "abandoned: silent"
+    await slots_back(worker)

@@ -1,11 +1,12 @@
 """The realtime (and mixed) worker: an internal WebSocket server around the step loop.
 
-Serves ``/internal/v1/session`` (the gateway's relay, see docs/INTERNALS.md),
-``/healthz``, ``/readyz`` and ``/metrics`` on one port; heartbeats into the
-Redis registry; on SIGTERM stops taking sessions, lets the active ones finish
-up to ``drain_timeout_s``, flushes the rest and exits 0. In ``mixed`` mode it
-also consumes the batch job stream and decodes whole batches in its own step
-loop, uncapped: the naive design that the split lanes replace.
+Serves ``/internal/v1/link`` (a gateway's sessions multiplexed on one WebSocket,
+``workers/link.py``) and ``/internal/v1/session`` (one session per WebSocket), both
+in docs/INTERNALS.md, plus ``/healthz``, ``/readyz`` and ``/metrics`` on one port;
+heartbeats into the Redis registry; on SIGTERM stops taking sessions, lets the
+active ones finish up to ``drain_timeout_s``, flushes the rest and exits 0. In
+``mixed`` mode it also consumes the batch job stream and decodes whole batches in
+its own step loop, uncapped: the naive design that the split lanes replace.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import json
 import os
 import signal
 import socket
 import time
-import uuid
+from collections.abc import Callable
 from typing import Any
 
 import prometheus_client
@@ -26,28 +26,31 @@ import redis.asyncio as aioredis
 from aiohttp import WSMsgType, web
 
 from lanegate import metrics
-from lanegate.constants import CLOSE_OVERLOADED, CLOSE_POLICY
+from lanegate.constants import CLOSE_POLICY
 from lanegate.logs import configure_logging, get_logger
 from lanegate.settings import Settings
 from lanes.queue import redis_client
-from lanes.session import RealtimeSession
+from lanes.session import Event, RealtimeSession
 from lanes.steploop import Close, SessionHandle, StepLoop, percentile
 from vad import VadSettings
 from workers import registry
 from workers.engines import Engine, NoFreeSlot, create_engine
+from workers.link import LINK_PATH, serve_link
+from workers.validation import (
+    Overloaded,
+    Refused,
+    audio_problem,
+    control_problem,
+    session_params,
+)
 
 SESSION_PATH = "/internal/v1/session"
-MIN_RATE, MAX_RATE = 8000, 48000
 # Event-loop lag probe period.
 LAG_PROBE_S = 0.05
 # After the drain deadline, how long flushing the last finals may take.
 FLUSH_TIMEOUT_S = 5.0
 # How long leaving the registry may take on the way out (Redis may be down).
 REGISTRY_TIMEOUT_S = 2.0
-
-
-class BadRequest(ValueError):
-    pass
 
 
 def default_worker_id() -> str:
@@ -88,6 +91,7 @@ class RealtimeWorker:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get(SESSION_PATH, self._session)
+        app.router.add_get(LINK_PATH, self._link)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
@@ -167,7 +171,7 @@ class RealtimeWorker:
         except Exception as exc:  # Redis down: keep serving, retry next beat
             self._log.warning("heartbeat_failed", error=str(exc))
 
-    def _publish_soon(self) -> None:
+    def publish_soon(self) -> None:
         """Republish now: a slot was taken or freed (the heartbeat alone lags a beat)."""
         if not self._stop.is_set():
             self._spawn(self._publish())
@@ -213,103 +217,94 @@ class RealtimeWorker:
         return web.Response(body=prometheus_client.generate_latest(),
                             headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
-    # --- one session -------------------------------------------------------------------
-    async def _session(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=self.settings.max_frame_bytes + 1024)
-        await ws.prepare(request)
-        try:
-            session_id, rate = _session_params(request)
-        except BadRequest as exc:
-            return await self._refuse(ws, "bad_request", str(exc), CLOSE_POLICY)
+    # --- sessions (both endpoints) ------------------------------------------------------
+    def open_session(self, session_id: str, rate: int,
+                     sink: Callable[[Event | Close], None] | None = None) -> SessionHandle:
+        """A new session in the step loop; ``Overloaded`` while draining or full."""
         if self.draining:
-            return await self._refuse(ws, "overloaded", "worker is draining", CLOSE_OVERLOADED,
-                                      session_id)
+            raise Overloaded("worker is draining")
         try:
             stream = self.engine.open_stream()
         except NoFreeSlot as exc:
-            return await self._refuse(ws, "overloaded", str(exc), CLOSE_OVERLOADED, session_id)
+            raise Overloaded(str(exc)) from None
         session = RealtimeSession(session_id, rate, stream, self._vad,
                                   int(self.settings.max_window_s * self.engine.sample_rate),
                                   vad_inline_samples=self.loop.vad_slice_samples)
-        handle = self.loop.add(session)
-        self._publish_soon()
+        handle = self.loop.add(session, sink=sink)
+        self.publish_soon()
         self._log.info("session_start", session_id=session_id, sample_rate=rate)
-        await ws.send_json({"type": "accepted", "worker": self.worker_id, "lane": self.lane})
-        sender = asyncio.create_task(_send_outbox(ws, handle))
-        try:
-            await self._receive(ws, handle)
-        finally:
-            if not session.ended:
-                handle.abandoned = True
-                handle.post(Close(CLOSE_POLICY))
-                self.loop.touch(handle)
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
-            self._publish_soon()
-        return ws
+        return handle
 
-    async def _receive(self, ws: web.WebSocketResponse, handle: SessionHandle) -> None:
-        session = handle.session
-        async for msg in ws:
-            if msg.type == WSMsgType.BINARY:
-                problem = _audio_problem(msg.data, session.ended)
-                if problem:
-                    return self._reject(handle, problem)
-                session.receive(msg.data, time.monotonic())
-            elif msg.type == WSMsgType.TEXT:
-                problem = _control_problem(msg.data, session.ended)
-                if problem:
-                    return self._reject(handle, problem)
-                session.end(time.monotonic())
-            else:
-                return None
-            self.loop.touch(handle)
-        return None
+    def accepted(self) -> Event:
+        return {"type": "accepted", "worker": self.worker_id, "lane": self.lane}
 
-    async def _refuse(self, ws: web.WebSocketResponse, code: str, message: str,
-                      close_code: int, session_id: str | None = None) -> web.WebSocketResponse:
-        self._log.info("session_refused", session_id=session_id, code=code, message=message)
-        await ws.send_json({"type": "error", "code": code, "message": message})
-        await ws.close(code=close_code)
-        return ws
+    def log_refusal(self, exc: Refused, session_id: str | None) -> None:
+        self._log.info("session_refused", session_id=session_id, code=exc.code,
+                       message=str(exc))
 
-    def _reject(self, handle: SessionHandle, message: str) -> None:
+    def reject(self, handle: SessionHandle, message: str) -> None:
+        """The gateway broke the protocol on this session: ``bad_request``, then close."""
         handle.send([{"type": "error", "code": "bad_request", "message": message}])
         handle.post(Close(CLOSE_POLICY))
         handle.abandoned = True
         handle.session.ended = True
         self.loop.touch(handle)
 
+    def abandon(self, handle: SessionHandle) -> None:
+        """The gateway's side of the session is gone: drop it and free its slot."""
+        handle.abandoned = True
+        handle.post(Close(CLOSE_POLICY))
+        self.loop.touch(handle)
 
-def _session_params(request: web.Request) -> tuple[str, int]:
-    session_id = request.query.get("session_id") or uuid.uuid4().hex
-    try:
-        rate = int(request.query.get("sample_rate", "16000"))
-    except ValueError:
-        raise BadRequest("sample_rate must be an integer") from None
-    if not MIN_RATE <= rate <= MAX_RATE:
-        raise BadRequest(f"sample_rate must be {MIN_RATE}-{MAX_RATE} Hz, got {rate}")
-    return session_id, rate
+    # --- one session per WebSocket -------------------------------------------------------
+    async def _session(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=self.settings.max_frame_bytes + 1024)
+        await ws.prepare(request)
+        session_id = request.query.get("session_id")
+        try:
+            session_id, rate = session_params(session_id, request.query.get("sample_rate"))
+            handle = self.open_session(session_id, rate)
+        except Refused as exc:
+            return await self._refuse(ws, exc, session_id)
+        await ws.send_json(self.accepted())
+        sender = asyncio.create_task(_send_outbox(ws, handle))
+        try:
+            await self._receive(ws, handle)
+        finally:
+            if not handle.session.ended:
+                self.abandon(handle)
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+            self.publish_soon()
+        return ws
 
+    async def _link(self, request: web.Request) -> web.WebSocketResponse:
+        return await serve_link(self, request)
 
-def _audio_problem(data: bytes, ended: bool) -> str | None:
-    if ended:
-        return "audio after end"
-    if len(data) % 2:
-        return f"PCM s16le needs an even byte count, got {len(data)}"
-    return None
+    async def _receive(self, ws: web.WebSocketResponse, handle: SessionHandle) -> None:
+        session = handle.session
+        async for msg in ws:
+            if msg.type == WSMsgType.BINARY:
+                problem = audio_problem(msg.data, session.ended)
+                if problem:
+                    return self.reject(handle, problem)
+                session.receive(msg.data, time.monotonic())
+            elif msg.type == WSMsgType.TEXT:
+                problem = control_problem(msg.data, session.ended)
+                if problem:
+                    return self.reject(handle, problem)
+                session.end(time.monotonic())
+            else:
+                return None
+            self.loop.touch(handle)
+        return None
 
-
-def _control_problem(data: str, ended: bool) -> str | None:
-    try:
-        message = json.loads(data)
-    except ValueError:
-        return "text frames must be JSON"
-    if not isinstance(message, dict) or message.get("type") != "end":
-        return "unknown control message; expected {\"type\":\"end\"}"
-    if ended:
-        return "end sent twice"
-    return None
+    async def _refuse(self, ws: web.WebSocketResponse, exc: Refused,
+                      session_id: str | None) -> web.WebSocketResponse:
+        self.log_refusal(exc, session_id)
+        await ws.send_json({"type": "error", "code": exc.code, "message": str(exc)})
+        await ws.close(code=exc.close_code)
+        return ws
 
 
 async def _send_outbox(ws: web.WebSocketResponse, handle: SessionHandle) -> None:
@@ -325,8 +320,6 @@ async def _send_outbox(ws: web.WebSocketResponse, handle: SessionHandle) -> None
             await ws.send_json(item)
         except (ConnectionError, RuntimeError):
             handle.abandoned = True
-
-
 
 
 async def _within(waitable: Any, timeout_s: float) -> bool:
