@@ -1,9 +1,10 @@
 """The gateway process: ``create_app(settings)`` and ``lanegate gateway``.
 
 The app holds its state in typed keys (``gateway/state.py``): the settings, one
-``redis.asyncio`` client and one ``aiohttp.ClientSession`` for the internal
-worker WebSockets (both opened and closed by ``cleanup_ctx``), and the set of
-open public WebSockets, which ``on_shutdown`` drains and closes with 1001.
+``redis.asyncio`` client, one ``aiohttp.ClientSession`` and on it the internal
+links to the workers, one per worker (``gateway/links.py``; all opened and closed
+by ``cleanup_ctx``), and the set of open public WebSockets, which ``on_shutdown``
+drains and closes with 1001.
 
 Routes: ``/v1/stream`` (``gateway/stream.py``), ``/v1/transcriptions``
 (``gateway/uploads.py``), ``/v1/audio/transcriptions``
@@ -25,6 +26,7 @@ from aiohttp import web
 from gateway.auth import auth_enabled
 from gateway.errors import error_middleware
 from gateway.health import setup_health
+from gateway.links import links_ctx
 from gateway.state import HTTP, REDIS, SETTINGS, SOCKETS
 from gateway.stream import CLOSE_GOING_AWAY, setup_stream
 from lanegate import metrics
@@ -53,9 +55,8 @@ async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _http_ctx(app: web.Application) -> AsyncIterator[None]:
-    # One internal WebSocket per live session: aiohttp's default connector caps a
-    # session at 100 connections, which would queue stream 101 behind the others.
-    # The real bound is the workers' decoder slots.
+    # One internal WebSocket (link) per worker: aiohttp's default connector caps a
+    # session at 100 connections, which would queue the link to worker 101.
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     app[HTTP] = session
     yield
@@ -93,6 +94,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SOCKETS] = sockets
     app.cleanup_ctx.append(_redis_ctx)
     app.cleanup_ctx.append(_http_ctx)
+    app.cleanup_ctx.append(links_ctx)  # after HTTP: the links close before it
     setup_health(app)
     setup_stream(app)
     _setup_optional(app, "gateway.uploads", "setup_uploads")

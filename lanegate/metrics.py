@@ -9,8 +9,9 @@ Who emits what (the dashboard and alerts in ``deploy/`` read exactly these):
 * batch worker (``/metrics`` on its worker port): step duration, realtime factor,
   soft cuts, audio seconds, job duration, queue wait, jobs ``completed``/``failed``;
 * gateway (``/metrics`` on its port): first-partial, partial and final latency,
-  rejections, jobs ``queued``/``cancelled``, and, refreshed from Redis at each scrape
-  by ``refresh_cluster_gauges``, workers alive, queue depth and oldest queued age.
+  rejections, jobs ``queued``/``cancelled``, open worker links, and, refreshed from
+  Redis at each scrape by ``refresh_cluster_gauges``, workers alive, queue depth and
+  oldest queued age.
 
 Call ``init_gateway_series()`` / ``init_worker_series(lane, worker)`` at start and
 serve ``metrics_view`` at ``GET /metrics``.
@@ -113,6 +114,11 @@ QUEUE_OLDEST_AGE = Gauge(
     "lanegate_queue_oldest_age_seconds", "Age of the oldest unfinished job entry.", ["lane"]
 )
 WORKERS = Gauge("lanegate_workers", "Workers alive in the registry.", ["lane"])
+GATEWAY_WORKER_LINKS = Gauge(
+    "lanegate_gateway_worker_links",
+    "Internal links open from this gateway to workers (one per worker), by worker lane.",
+    ["lane"],
+)
 REJECTIONS = Counter(
     "lanegate_rejections_total", "Requests or sessions refused, by reason.", ["lane", "reason"]
 )
@@ -128,6 +134,7 @@ def init_gateway_series(lanes: tuple[str, ...] = ("realtime", "batch")) -> None:
             REJECTIONS.labels(lane=lane, reason=reason)
     for status in ("queued", "cancelled"):
         JOBS.labels(lane="batch", worker="", status=status)
+    GATEWAY_WORKER_LINKS.labels(lane="realtime")
 
 
 def init_worker_series(lane: str, worker: str) -> None:

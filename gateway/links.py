@@ -1,0 +1,349 @@
+"""The gateway's links: one internal WebSocket per (gateway process, worker), shared
+by every session this gateway opens on that worker (protocol in docs/INTERNALS.md).
+
+A relayed 100 ms frame used to cost a WebSocket message each way per session, and
+each session pinged its worker; with hundreds of live streams that per-message I/O
+was the gateway's CPU. On a link, all audio queued in one event-loop tick leaves in
+one binary message of ``(channel, length)``-prefixed records, the worker answers
+each tick's events in one text message, and one ping loop covers every session.
+
+``app[LINKS].get(worker)`` returns the worker's ``WorkerLink``, connecting on first
+use (concurrent first uses share one attempt). ``link.open(...)`` gives a
+``Channel``: the session's number on the link and a queue of the worker's events for
+it. A link that fails (closed, errored, or silent for ``silence_limit_s``) is lost:
+each open channel gets a ``Lost`` marker and the next ``get`` connects afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import struct
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gateway.state import HTTP, LINKS, SETTINGS
+from lanegate import metrics
+from lanegate.constants import LINK_BATCH_BYTES, LINK_RECORD_HEADER
+from lanegate.logs import get_logger
+from lanegate.settings import Settings
+from workers.registry import WorkerInfo
+
+log = get_logger("gateway.links")
+
+LINK_PATH = "/internal/v1/link"
+RECORD = struct.Struct(LINK_RECORD_HEADER)
+CHANNEL_MASK = 2**32 - 1
+#: fraction of ``worker_lost_timeout_s`` a worker may stay silent, leaving time to tell
+#: the client within ``worker_lost_timeout_s`` of the worker's death
+SILENCE_FRACTION = 0.75
+#: pings per silence limit
+PINGS_PER_LIMIT = 5
+#: the events that end a channel on the worker's side
+FINAL_TYPES = ("done", "error", "closed")
+
+
+def silence_limit_s(settings: Settings, lane: str) -> float:
+    """How long a worker may send nothing (not even a pong) before it is lost."""
+    if lane == "mixed":
+        return settings.mixed_lost_timeout_s
+    return settings.worker_lost_timeout_s * SILENCE_FRACTION
+
+
+class LinkRefused(Exception):
+    """The worker answered the link's upgrade with something other than its hello."""
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Queue marker: the link carrying this channel is gone."""
+
+    reason: str
+
+
+class Channel:
+    """One session's end of a link."""
+
+    def __init__(self, link: WorkerLink, number: int) -> None:
+        self.link = link
+        self.number = number
+        self.events: asyncio.Queue[dict[str, Any] | Lost] = asyncio.Queue()
+        self.ended = False  # the worker ended it (done/error/closed) or the link is lost
+
+    async def send_audio(self, pcm: bytes) -> None:
+        await self.link.send_audio(self.number, pcm)
+
+    def end(self) -> None:
+        self.link.send_op({"op": "end", "ch": self.number})
+
+    def close(self) -> None:
+        """Forget the channel; a channel the worker still serves is abandoned."""
+        if self.link.channels.pop(self.number, None) is not None:
+            self.link.send_op({"op": "abandon", "ch": self.number})
+        self.ended = True
+
+
+class WorkerLink:
+    """The link to one worker: a sender, a reader and a ping loop (module docstring)."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, *, url: str, worker_id: str,
+                 lane: str, silence_s: float,
+                 on_lost: Callable[[WorkerLink], None]) -> None:
+        self.url = url
+        self.worker_id = worker_id
+        self.lane = lane
+        self.channels: dict[int, Channel] = {}
+        self.lost: str | None = None  # why, once lost
+        self._ws = ws
+        self._silence_s = silence_s
+        self._on_lost = on_lost
+        self._next_number = 0
+        self._pending: deque[bytes | str] = deque()  # audio records and control ops, in order
+        self._pending_audio = 0  # bytes of audio records in _pending
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()  # set while _pending_audio is under LINK_BATCH_BYTES
+        self._room.set()
+        self._tasks = [asyncio.create_task(loop(), name=f"link-{name}-{worker_id}")
+                       for name, loop in (("send", self._send_loop), ("read", self._read_loop),
+                                          ("ping", self._ping_loop))]
+        metrics.GATEWAY_WORKER_LINKS.labels(lane=lane).inc()
+
+    # --- channels ------------------------------------------------------------------
+    def open(self, *, session_id: str, sample_rate: int, language: str) -> Channel:
+        """A new channel; the worker's answer (``accepted`` or ``error``) is its first event."""
+        channel = Channel(self, self._new_number())
+        if self.lost is not None:
+            channel.ended = True
+            channel.events.put_nowait(Lost(self.lost))
+            return channel
+        self.channels[channel.number] = channel
+        self.send_op({"op": "open", "ch": channel.number, "session_id": session_id,
+                      "sample_rate": sample_rate, "language": language})
+        return channel
+
+    def _new_number(self) -> int:
+        while True:
+            number = self._next_number
+            self._next_number = (number + 1) & CHANNEL_MASK
+            if number not in self.channels:
+                return number
+
+    # --- gateway -> worker -----------------------------------------------------------
+    async def send_audio(self, number: int, pcm: bytes) -> None:
+        """Queue one audio record; waits while a full batch is still unsent."""
+        while self._pending_audio >= LINK_BATCH_BYTES and self.lost is None:
+            self._room.clear()
+            await self._room.wait()
+        if self.lost is not None:
+            return  # the channel has its Lost marker
+        self._pending.append(RECORD.pack(number, len(pcm)) + pcm)
+        self._pending_audio += RECORD.size + len(pcm)
+        self._wake.set()
+
+    def send_op(self, op: dict[str, Any]) -> None:
+        if self.lost is None:
+            self._pending.append(json.dumps(op, separators=(",", ":")))
+            self._wake.set()
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._pending:
+                    message = self._next_message()
+                    if isinstance(message, str):
+                        await self._ws.send_str(message)
+                    else:
+                        await self._ws.send_bytes(message)
+        except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
+            await self._fail(f"sending failed: {exc or type(exc).__name__}")
+
+    def _next_message(self) -> bytes | str:
+        """The next op, or the audio records up to the next op (about LINK_BATCH_BYTES)."""
+        first = self._pending.popleft()
+        if isinstance(first, str):
+            return first
+        records = [first]
+        size = len(first)
+        while size < LINK_BATCH_BYTES and self._pending and isinstance(self._pending[0], bytes):
+            record = self._pending.popleft()
+            assert isinstance(record, bytes)
+            records.append(record)
+            size += len(record)
+        self._pending_audio -= size
+        if self._pending_audio < LINK_BATCH_BYTES:
+            self._room.set()
+        return b"".join(records)
+
+    async def _ping_loop(self) -> None:
+        with contextlib.suppress(ConnectionError, aiohttp.ClientError, RuntimeError):
+            while True:
+                await asyncio.sleep(self._silence_s / PINGS_PER_LIMIT)
+                await self._ws.ping()
+
+    # --- worker -> gateway -----------------------------------------------------------
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                msg = await self._ws.receive(timeout=self._silence_s)
+            except TimeoutError:
+                return await self._fail(f"silent for {self._silence_s:.1f} s")
+            if msg.type is aiohttp.WSMsgType.TEXT:
+                self._deliver(msg.data)
+            elif msg.type is aiohttp.WSMsgType.PING:
+                with contextlib.suppress(ConnectionError, aiohttp.ClientError):
+                    await self._ws.pong(msg.data)
+            elif msg.type is aiohttp.WSMsgType.BINARY:
+                log.warning("worker_unexpected_binary", worker=self.worker_id)
+            elif msg.type is not aiohttp.WSMsgType.PONG:  # CLOSE / CLOSED / ERROR
+                return await self._fail(f"closed the link (code {self._ws.close_code})")
+
+    def _deliver(self, data: str) -> None:
+        """Hand each ``[ch, event]`` of one batch to its channel."""
+        for number, event in _parse_batch(data, self.worker_id):
+            channel = self.channels.get(number)
+            if channel is None:
+                continue  # closed here; the worker had not heard yet
+            if event["type"] in FINAL_TYPES:
+                channel.ended = True
+                del self.channels[number]
+            channel.events.put_nowait(event)
+
+    # --- losing and closing -----------------------------------------------------------
+    def _lose(self, reason: str) -> None:
+        if self.lost is not None:
+            return
+        self.lost = reason
+        log.warning("worker_link_lost", worker=self.worker_id, url=self.url, reason=reason,
+                    channels=len(self.channels))
+        for channel in self.channels.values():
+            channel.ended = True
+            channel.events.put_nowait(Lost(reason))
+        self.channels.clear()
+        self._pending.clear()
+        self._room.set()
+        metrics.GATEWAY_WORKER_LINKS.labels(lane=self.lane).dec()
+        self._on_lost(self)
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+
+    async def _fail(self, reason: str) -> None:
+        self._lose(reason)
+        with contextlib.suppress(ConnectionError, aiohttp.ClientError, TimeoutError):
+            await self._ws.close()
+
+    async def close(self) -> None:
+        """Gateway shutdown: stop the link's tasks and close its WebSocket."""
+        self._lose("the gateway is shutting down")
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(ConnectionError, aiohttp.ClientError, TimeoutError):
+            await self._ws.close()
+
+
+async def _hello(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any] | None:
+    """The worker's first message, ``{"type":"link",...}``, or None."""
+    msg = await ws.receive()
+    if msg.type is not aiohttp.WSMsgType.TEXT:
+        return None
+    with contextlib.suppress(ValueError):
+        hello = json.loads(msg.data)
+        if isinstance(hello, dict) and hello.get("type") == "link":
+            return hello
+    return None
+
+
+def _parse_batch(data: str, worker_id: str) -> list[tuple[int, dict[str, Any]]]:
+    try:
+        pairs = json.loads(data)
+    except ValueError:
+        pairs = None
+    if not isinstance(pairs, list):
+        log.warning("worker_bad_batch", worker=worker_id)
+        return []
+    out = []
+    for pair in pairs:
+        if (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int)
+                and isinstance(pair[1], dict) and isinstance(pair[1].get("type"), str)):
+            out.append((pair[0], pair[1]))
+        else:
+            log.warning("worker_bad_event", worker=worker_id)
+    return out
+
+
+class WorkerLinks:
+    """The gateway's links by worker URL, each connected on first use."""
+
+    def __init__(self, http: aiohttp.ClientSession, settings: Settings) -> None:
+        self._http = http
+        self._settings = settings
+        self._links: dict[str, asyncio.Task[WorkerLink]] = {}
+
+    async def get(self, worker: WorkerInfo) -> WorkerLink:
+        """The link to ``worker``; raises what connecting raised (aiohttp errors,
+        ``OSError``, ``TimeoutError``, ``LinkRefused``)."""
+        task = self._links.get(worker.url)
+        if task is None:
+            task = asyncio.create_task(self._connect(worker), name=f"link-{worker.worker_id}")
+            self._links[worker.url] = task
+            task.add_done_callback(lambda t: self._forget_failed(worker.url, t))
+        return await asyncio.shield(task)
+
+    def _forget_failed(self, url: str, task: asyncio.Task[WorkerLink]) -> None:
+        if (task.cancelled() or task.exception() is not None) and self._links.get(url) is task:
+            del self._links[url]
+
+    def _forget(self, link: WorkerLink) -> None:
+        task = self._links.get(link.url)
+        if task is not None and task.done() and not task.cancelled() \
+                and task.exception() is None and task.result() is link:
+            del self._links[link.url]
+
+    async def _connect(self, worker: WorkerInfo) -> WorkerLink:
+        timeout = self._settings.worker_connect_timeout_s
+        url = worker.url.rstrip("/") + LINK_PATH
+        # one bound on connect + hello: a frozen worker never answers the upgrade
+        async with asyncio.timeout(timeout):
+            ws = await self._http.ws_connect(
+                url, autoping=False, max_msg_size=0,
+                timeout=aiohttp.ClientWSTimeout(ws_close=timeout))
+            try:
+                hello = await _hello(ws)
+            except BaseException:
+                await ws.close()
+                raise
+        if hello is None:
+            raise LinkRefused(f"worker {worker.worker_id} did not say hello")
+        lane = str(hello.get("lane") or worker.lane)
+        log.info("worker_link_open", worker=worker.worker_id, url=worker.url, lane=lane)
+        return WorkerLink(ws, url=worker.url, worker_id=str(hello.get("worker") or
+                                                               worker.worker_id),
+                          lane=lane, silence_s=silence_limit_s(self._settings, lane),
+                          on_lost=self._forget)
+
+    async def close(self) -> None:
+        tasks = list(self._links.values())
+        self._links.clear()
+        for task in tasks:
+            task.cancel()  # a connect still under way; a done task ignores it
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            if not task.cancelled() and task.exception() is None:
+                await task.result().close()
+
+
+async def links_ctx(app: web.Application) -> AsyncIterator[None]:
+    """``cleanup_ctx``: the links open with the app and close before its client session."""
+    links = WorkerLinks(app[HTTP], app[SETTINGS])
+    app[LINKS] = links
+    yield
+    await links.close()
+
