@@ -91,11 +91,13 @@ class StepLoop:
         self.lane = lane
         self.worker_id = worker_id
         self.sessions: dict[str, SessionHandle] = {}
-        # Per iteration only sessions that changed are settled and only sessions with
-        # decodable audio are planned: with hundreds of live streams, most are idle
-        # between two steps, and visiting them all made each iteration O(sessions).
-        self._dirty: dict[str, None] = {}  # touched since they were last settled
-        self._ready: dict[str, None] = {}  # had decodable audio when last looked at
+        # Per iteration only sessions that changed are settled, and a session's
+        # candidate is computed only then: a session changes only when touched
+        # (audio, end) or stepped. Visiting every session every iteration made an
+        # iteration O(sessions), and a worker that fell behind, with every session
+        # waiting, spent its time planning instead of decoding.
+        self._dirty: dict[str, None] = {}  # touched or stepped since last settled
+        self._ready: dict[str, Candidate] = {}  # sessions with decodable audio
         self.cost = CostModel.from_prior(engine.cost_prior(), settings.cost_ewma_alpha)
         self.limits = step_limits(settings, lane)
         # Uncapped (the naive designs) the VAD also takes a burst in one piece.
@@ -194,21 +196,20 @@ class StepLoop:
                 self._drop(handle, "failed")
                 continue
             if session_id in self.sessions:
-                self._ready[session_id] = None
-                if handle.session.analysis_pending:
-                    self._dirty[session_id] = None
+                self._update_candidate(handle)
+
+    def _update_candidate(self, handle: SessionHandle) -> None:
+        session = handle.session
+        candidate = session.candidate()
+        if candidate.pending_samples > 0:
+            self._ready[session.session_id] = candidate
+        else:
+            self._ready.pop(session.session_id, None)
+        if session.analysis_pending:
+            self._dirty[session.session_id] = None
 
     def _candidates(self) -> list[Candidate]:
-        """Candidates of the sessions that may have decodable audio; forgets the rest."""
-        candidates = []
-        for session_id in list(self._ready):
-            handle = self.sessions.get(session_id)
-            candidate = handle.session.candidate() if handle is not None else None
-            if candidate is None or candidate.pending_samples <= 0:
-                del self._ready[session_id]
-            else:
-                candidates.append(candidate)
-        return candidates
+        return list(self._ready.values())
 
     def _settle(self, handle: SessionHandle, now: float) -> None:
         session = handle.session
@@ -284,6 +285,7 @@ class StepLoop:
     def _drop(self, handle: SessionHandle, reason: str) -> None:
         session = handle.session
         self.sessions.pop(session.session_id, None)
+        self._ready.pop(session.session_id, None)
         try:
             session.close()
         except Exception:  # the slot is lost, the worker is not
