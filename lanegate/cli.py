@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lanegate.settings import SettingsError, add_cli_flags, markdown_table
+from lanegate.loops import use_event_loop
+from lanegate.settings import SettingsError, add_cli_flags, from_args, markdown_table
 
 #: subcommand -> "module:function"; the function takes the parsed namespace
 #: and returns a process exit code.
@@ -77,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(markdown_table())
         return 0
     try:
+        use_event_loop(from_args(args).event_loop)
         return resolve(COMMANDS[args.command])(args)
     except SettingsError as exc:
         print(f"lanegate: {exc}", file=sys.stderr)

@@ -37,6 +37,10 @@ class Settings:
         "", "Comma-separated API keys. Empty: auth is off (a warning is logged at start)."
     )
     log_level: str = _s("info", "Log level: debug, info, warning, error.", cli=True)
+    event_loop: str = _s(
+        "uvloop", "Event loop of the gateway and workers: `uvloop` (less CPU per socket "
+        "operation) or `asyncio` (the standard library's)."
+    )
     lanes: str = _s(
         "split",
         "Design: `split` (realtime and batch lanes in separate processes) or `mixed` "
@@ -200,6 +204,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "lanes": ("split", "mixed"),
     "engine": ("pocketsphinx", "simulated"),
     "log_level": ("debug", "info", "warning", "error"),
+    "event_loop": ("uvloop", "asyncio"),
 }
 
 
