@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "report":
         doc = json.loads(args.results.read_text())
+        doc["verdicts"] = report.verdicts(doc)  # judged by today's rules
         render(doc, args.results.parent, args.markdown)
         return 0
     fields = {k: v for k, v in vars(args).items() if k not in ("command", "markdown")}
