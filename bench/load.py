@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from bench.wsclient import OP_TEXT, RawWebSocket, WebSocketError
 from lanegate.loops import use_event_loop
 
 RATE = 16000
@@ -61,7 +60,7 @@ class StreamResult:
 class Session:
     """One WebSocket session: frames sent with their times, events timed on arrival."""
 
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse, result: StreamResult,
+    def __init__(self, ws: RawWebSocket, result: StreamResult,
                  t0: float) -> None:
         self.ws = ws
         self.result = result
@@ -130,12 +129,9 @@ class Session:
             self.result.final_ms.append((now - sent) * 1000)
 
     async def receive(self) -> None:
-        async for raw in self.ws:
-            now = time.perf_counter()
-            if raw.type == aiohttp.WSMsgType.TEXT:
-                self.on_event(json.loads(raw.data), now)
-            elif raw.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
-                break
+        while (msg := await self.ws.receive()) is not None:
+            if msg[0] == OP_TEXT:
+                self.on_event(json.loads(msg[1]), time.perf_counter())
         self.done.set()
 
 
@@ -145,20 +141,18 @@ def session_url(url: str) -> str:
     return url
 
 
-async def open_session(http: aiohttp.ClientSession, spec: StreamSpec, result: StreamResult,
-                       t0: float) -> Session | None:
+async def open_session(spec: StreamSpec, result: StreamResult, t0: float) -> Session | None:
     """Connect and read the first message (`ready` from the gateway, `accepted` from a worker)."""
     try:
-        ws = await http.ws_connect(session_url(spec.url), heartbeat=None, max_msg_size=0,
-                                   timeout=aiohttp.ClientWSTimeout(ws_close=10.0))
-        first = await ws.receive(timeout=30)
-    except (aiohttp.ClientError, TimeoutError) as exc:
+        ws = await RawWebSocket.connect(session_url(spec.url), timeout_s=30)
+        first = await asyncio.wait_for(ws.receive(), 30)
+    except (OSError, WebSocketError, TimeoutError) as exc:
         result.error = f"connect: {type(exc).__name__}"
         return None
-    if first.type != aiohttp.WSMsgType.TEXT:
+    if first is None or first[0] != OP_TEXT:
         result.error = f"closed before ready ({ws.close_code})"
         return None
-    msg = json.loads(first.data)
+    msg = json.loads(first[1])
     if msg.get("type") not in ("ready", "accepted"):
         result.error = str(msg.get("code", msg.get("type")))
         await ws.close()
@@ -187,10 +181,10 @@ def pcm_slice(pcm: bytes, offset_s: float, seconds: float) -> bytes:
     return out
 
 
-async def run_live(http: aiohttp.ClientSession, spec: StreamSpec, pcm: bytes,
+async def run_live(spec: StreamSpec, pcm: bytes,
                    t0: float, result: StreamResult) -> None:
     await asyncio.sleep(max(0.0, t0 + spec.start_s - time.perf_counter()))
-    session = await open_session(http, spec, result, t0)
+    session = await open_session(spec, result, t0)
     if session is None:
         return
     reader = asyncio.create_task(session.receive())
@@ -209,12 +203,12 @@ async def run_live(http: aiohttp.ClientSession, spec: StreamSpec, pcm: bytes,
     await reader
 
 
-async def run_dumper(http: aiohttp.ClientSession, spec: StreamSpec, pcm: bytes,
+async def run_dumper(spec: StreamSpec, pcm: bytes,
                      t0: float, result: StreamResult) -> None:
     """One session (a client that keeps losing its network and catching up): every
     ``dump_every_s`` it sends ``dump_s`` of buffered audio in one frame."""
     await asyncio.sleep(max(0.0, t0 + spec.start_s - time.perf_counter()))
-    session = await open_session(http, spec, result, t0)
+    session = await open_session(spec, result, t0)
     if session is None:
         return
     reader = asyncio.create_task(session.receive())
@@ -231,16 +225,15 @@ async def run_dumper(http: aiohttp.ClientSession, spec: StreamSpec, pcm: bytes,
     await reader
 
 
-async def run_one(http: aiohttp.ClientSession, spec: StreamSpec, pcm: bytes,
-                  t0: float) -> StreamResult:
+async def run_one(spec: StreamSpec, pcm: bytes, t0: float) -> StreamResult:
     """A stream whose connection breaks keeps what it measured and says why it broke."""
     result = StreamResult(kind=spec.kind)
     try:
         if spec.kind == "live":
-            await run_live(http, spec, pcm, t0, result)
+            await run_live(spec, pcm, t0, result)
         else:
-            await run_dumper(http, spec, pcm, t0, result)
-    except (aiohttp.ClientError, ConnectionError, RuntimeError, TimeoutError) as exc:
+            await run_dumper(spec, pcm, t0, result)
+    except (OSError, WebSocketError, RuntimeError, TimeoutError) as exc:
         result.error = result.error or f"{type(exc).__name__}: {exc}"[:120]
     return result
 
@@ -248,10 +241,7 @@ async def run_one(http: aiohttp.ClientSession, spec: StreamSpec, pcm: bytes,
 async def run_all(specs: list[StreamSpec], t0_wall: float,
                   cache: dict[str, bytes]) -> list[StreamResult]:
     t0 = time.perf_counter() + max(0.0, t0_wall - time.time())
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as http:
-        return list(await asyncio.gather(*(run_one(http, s, cache[s.pcm_path], t0)
-                                           for s in specs)))
+    return list(await asyncio.gather(*(run_one(s, cache[s.pcm_path], t0) for s in specs)))
 
 
 def main(argv: list[str]) -> int:
