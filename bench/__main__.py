@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "sim_dump_s", "scale_duration_s", "vad_seconds"):
         r.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     for name in ("streams", "flood_jobs", "sim_streams", "scale_streams",
-                 "scale_light_streams"):
+                 "scale_mid_streams", "scale_light_streams"):
         r.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     r.add_argument("--rt-cpus", default=d.rt_cpus)
     r.add_argument("--batch-cpus", default=d.batch_cpus)

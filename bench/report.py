@@ -160,16 +160,16 @@ def verdict_s5(r: dict[str, Any]) -> dict[str, Any]:
                     direct_p50_ms=direct.get("partial_ms", {}).get("p50"),
                     gateway_cpu_s=cpu, stream_seconds=stream_s,
                     gateway_cpu_s_per_stream_s=per,
-                    light=light_figures(r),
+                    mid=lighter_figures(r, "s5_mid"), light=lighter_figures(r, "s5_light"),
                     errors={"via_gateway": gw.get("errors"), "direct": direct.get("errors")})
 
 
-def light_figures(r: dict[str, Any]) -> dict[str, Any] | None:
-    """The same comparison at a load the machine carries (informative, no target)."""
-    gw, direct = r.get("s5_light_via_gateway"), r.get("s5_light_direct")
+def lighter_figures(r: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """The same comparison at a lighter load (informative, no target)."""
+    gw, direct = r.get(f"{key}_via_gateway"), r.get(f"{key}_direct")
     if not gw or not direct:
         return None
-    gp, dp = _p99(r, "s5_light_via_gateway"), _p99(r, "s5_light_direct")
+    gp, dp = _p99(r, f"{key}_via_gateway"), _p99(r, f"{key}_direct")
     cpu, stream_s = gw.get("gateway_cpu_s"), gw.get("audio_s_sent") or 0.0
     return {"streams": gw["live_streams"], "via_gateway_p99_ms": gp, "direct_p99_ms": dp,
             "added_p99_ms": None if gp is None or dp is None else round(gp - dp, 2),
@@ -225,6 +225,8 @@ ROWS = (  # (results key, scenario, design, load)
     ("s4_sim-nocap", "4", "split-nocap (simulated)", "streams + long prefills"),
     ("s5_direct", "5", "direct to workers (simulated, free)", "streams"),
     ("s5_via_gateway", "5", "through the gateway (simulated, free)", "streams"),
+    ("s5_mid_direct", "5 (mid)", "direct to workers (simulated, free)", "streams"),
+    ("s5_mid_via_gateway", "5 (mid)", "through the gateway (simulated, free)", "streams"),
     ("s5_light_direct", "5 (light)", "direct to workers (simulated, free)", "streams"),
     ("s5_light_via_gateway", "5 (light)", "through the gateway (simulated, free)", "streams"),
 )

@@ -38,6 +38,7 @@ class Options:
     scale_streams: int = 500
     scale_duration_s: float = 30.0
     scale_light_streams: int = 80  # also measure the gateway at a load the machine carries
+    scale_mid_streams: int = 200  # and in between (0: skip)
     vad_seconds: float = 3600.0
     rt_cpus: str = "0"
     batch_cpus: str = "1"
@@ -228,8 +229,10 @@ class Bench:
 
     async def scale(self) -> None:
         """The same streams through the gateway and directly on the workers, at the
-        target scale and at a light load (``scale_light_streams``) this machine carries."""
+        target scale, and at lighter loads (``scale_mid_streams``, ``scale_light_streams``)."""
         runs = [("s5", self.o.scale_streams, self.o.scale_duration_s, SCALE_RAMP_S)]
+        if self.o.scale_mid_streams:
+            runs.append(("s5_mid", self.o.scale_mid_streams, 20.0, 4.0))
         if self.o.scale_light_streams:
             runs.append(("s5_light", self.o.scale_light_streams, 20.0, 2.0))
         async with self.stack(free_plan(self.o)) as stack:
