@@ -294,21 +294,24 @@ class StreamSession:
         """Run both directions; the outcome is "done", "client_gone" or a Failure."""
         client = asyncio.create_task(self._pump_client(), name=f"client-{self.session_id}")
         worker = asyncio.create_task(self._pump_worker(), name=f"worker-{self.session_id}")
+        idle = asyncio.create_task(self._watch_idle(), name=f"idle-{self.session_id}")
         lease = asyncio.create_task(self._refresh_lease(), name=f"lease-{self.session_id}")
+        tasks = (client, worker, idle, lease)
         try:
-            await asyncio.wait({client, worker}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({client, worker, idle}, return_when=asyncio.FIRST_COMPLETED)
             if worker.done():
                 outcome = worker.result()
             else:
-                outcome = client.result()
+                outcome = client.result() if client.done() else idle.result()
+                client.cancel()  # no more reads once the client side has an outcome
                 if isinstance(outcome, Failure) and outcome.graceful:
                     outcome = await self._finish_gracefully(worker, outcome)
             await self._conclude(outcome)
             return outcome
         finally:
-            for task in (client, worker, lease):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(client, worker, lease, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _finish_gracefully(
         self, worker: asyncio.Task[Failure | str], failure: Failure
@@ -348,11 +351,7 @@ class StreamSession:
 
     async def _pump_client(self) -> Failure | str:
         while True:
-            try:
-                msg = await self.ws.receive(timeout=self._idle_left())
-            except TimeoutError:
-                return Failure("timeout", f"no audio for {self.settings.idle_timeout_s:g} s "
-                               "(idle_timeout_s)", graceful=True)
+            msg = await self.ws.receive()
             if msg.type is WSMsgType.BINARY:
                 failure = await self._on_audio(msg.data)
             elif msg.type is WSMsgType.TEXT:
@@ -364,12 +363,20 @@ class StreamSession:
             if failure is not None:
                 return failure
 
-    def _idle_left(self) -> float | None:
-        if self.ended:
-            return None  # waiting for the worker's last finals; no audio expected
+    async def _watch_idle(self) -> Failure:
+        """``idle_timeout_s`` without audio ends the stream. One timer per idle period,
+        not one per frame: at hundreds of streams, a timeout armed and cancelled around
+        every read was a measurable share of the gateway's CPU."""
         assert self.timeline is not None
-        last = self.timeline.last_arrival or self.started
-        return max(0.001, last + self.settings.idle_timeout_s - time.monotonic())
+        while True:
+            if self.ended:  # waiting for the worker's last finals; no audio expected
+                await asyncio.get_running_loop().create_future()  # until cancelled
+            last = self.timeline.last_arrival or self.started
+            left = last + self.settings.idle_timeout_s - time.monotonic()
+            if left <= 0:
+                return Failure("timeout", f"no audio for {self.settings.idle_timeout_s:g} s "
+                               "(idle_timeout_s)", graceful=True)
+            await asyncio.sleep(left)
 
     async def _on_audio(self, data: bytes) -> Failure | None:
         assert self.timeline is not None
