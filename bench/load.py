@@ -60,9 +60,8 @@ class StreamResult:
 class Session:
     """One WebSocket session: frames sent with their times, events timed on arrival."""
 
-    def __init__(self, ws: RawWebSocket, result: StreamResult,
-                 t0: float) -> None:
-        self.ws = ws
+    def __init__(self, result: StreamResult, t0: float) -> None:
+        self.ws: RawWebSocket | None = None
         self.result = result
         self.t0 = t0
         self.frame_end_ms: list[int] = []
@@ -72,6 +71,8 @@ class Session:
         self.got_first = False
         self.done = asyncio.Event()
         self.digest_targets: list[tuple[int, float]] = []  # (audio_end_ms, sent) of dumps
+        # the first message: `ready` from the gateway, `accepted` from a worker
+        self.first: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
     async def send(self, pcm: bytes) -> None:
         now = time.perf_counter()
@@ -80,6 +81,7 @@ class Session:
         self.frame_sent.append(now)
         if self.first_sent is None:
             self.first_sent = now
+        assert self.ws is not None
         await self.ws.send_bytes(pcm)
         self.result.audio_s_sent += len(pcm) / (RATE * 2)
 
@@ -128,10 +130,20 @@ class Session:
         if sent is not None:
             self.result.final_ms.append((now - sent) * 1000)
 
-    async def receive(self) -> None:
-        while (msg := await self.ws.receive()) is not None:
-            if msg[0] == OP_TEXT:
-                self.on_event(json.loads(msg[1]), time.perf_counter())
+    def on_message(self, opcode: int, payload: bytes) -> None:
+        """Called by the connection for each message, as it is parsed."""
+        if opcode != OP_TEXT:
+            return
+        now = time.perf_counter()
+        msg = json.loads(payload)
+        if not self.first.done():
+            self.first.set_result(msg)
+        else:
+            self.on_event(msg, now)
+
+    async def watch_close(self) -> None:
+        assert self.ws is not None
+        await self.ws.closed_event.wait()
         self.done.set()
 
 
@@ -143,25 +155,33 @@ def session_url(url: str) -> str:
 
 async def open_session(spec: StreamSpec, result: StreamResult, t0: float) -> Session | None:
     """Connect and read the first message (`ready` from the gateway, `accepted` from a worker)."""
+    session = Session(result, t0)
     try:
-        ws = await RawWebSocket.connect(session_url(spec.url), timeout_s=30)
-        first = await asyncio.wait_for(ws.receive(), 30)
+        ws = await RawWebSocket.connect(session_url(spec.url), session.on_message,
+                                        timeout_s=30)
     except (OSError, WebSocketError, TimeoutError) as exc:
         result.error = f"connect: {type(exc).__name__}"
         return None
-    if first is None or first[0] != OP_TEXT:
+    session.ws = ws
+    closed: asyncio.Future[Any] = asyncio.ensure_future(ws.closed_event.wait())
+    waiters: set[asyncio.Future[Any]] = {session.first, closed}
+    await asyncio.wait(waiters, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    closed.cancel()
+    if not session.first.done():
         result.error = f"closed before ready ({ws.close_code})"
+        await ws.close()
         return None
-    msg = json.loads(first[1])
+    msg = session.first.result()
     if msg.get("type") not in ("ready", "accepted"):
         result.error = str(msg.get("code", msg.get("type")))
         await ws.close()
         return None
     result.lane = str(msg.get("lane", ""))
-    return Session(ws, result, t0)
+    return session
 
 
 async def finish(session: Session, wait_s: float = 60.0) -> None:
+    assert session.ws is not None
     await session.ws.send_str(json.dumps({"type": "end"}))
     try:
         await asyncio.wait_for(session.done.wait(), wait_s)
@@ -187,7 +207,7 @@ async def run_live(spec: StreamSpec, pcm: bytes,
     session = await open_session(spec, result, t0)
     if session is None:
         return
-    reader = asyncio.create_task(session.receive())
+    reader = asyncio.create_task(session.watch_close())
     audio = pcm_slice(pcm, spec.pcm_offset_s, spec.duration_s)
     step = BYTES_PER_MS * spec.frame_ms
     start = time.perf_counter()
@@ -211,7 +231,7 @@ async def run_dumper(spec: StreamSpec, pcm: bytes,
     session = await open_session(spec, result, t0)
     if session is None:
         return
-    reader = asyncio.create_task(session.receive())
+    reader = asyncio.create_task(session.watch_close())
     first = t0 + spec.start_s + spec.first_dump_s
     last = t0 + spec.start_s + spec.duration_s
     k = 0

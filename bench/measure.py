@@ -61,6 +61,7 @@ async def run_load(specs: list[StreamSpec], workdir: Path, name: str,
         out_path = workdir / f"{name}-load{k}.out.json"
         spec_path.write_text(json.dumps({"t0_wall": t0_wall,
                                          "streams": [asdict(s) for s in specs[k::nproc]]}))
+        out_path.unlink(missing_ok=True)  # a load process that dies must not leave an old one
         procs.append(await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.load", str(spec_path), str(out_path)))
         outs.append(out_path)
@@ -74,10 +75,11 @@ async def run_load(specs: list[StreamSpec], workdir: Path, name: str,
     results: list[dict[str, Any]] = []
     cpu = 0.0
     for out in outs:
-        if out.exists():
-            doc = json.loads(out.read_text())
-            results += doc["results"]
-            cpu += doc["cpu_s"]
+        if not out.exists():
+            raise RuntimeError(f"load process for {out.name} wrote nothing (it crashed)")
+        doc = json.loads(out.read_text())
+        results += doc["results"]
+        cpu += doc["cpu_s"]
     return results, cpu
 
 

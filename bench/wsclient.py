@@ -3,10 +3,11 @@
 The benchmark's clients share the machine with the gateway and the workers they
 measure, so they must cost as little as possible: with aiohttp's client, 500
 streams took about half a core, CPU the server under test then lacked. This
-client writes prebuilt frames straight to the transport and parses only what
-the load needs (text, binary, ping, close). Client frames carry the all-zero
-masking key: a valid key (the server unmasks with it as with any other) that
-leaves the payload as is, so no per-byte work is done.
+client is an ``asyncio.Protocol``: frames are parsed in ``data_received`` and
+handed to a callback, with no task switch per message, and outgoing frames are
+written straight to the transport. Client frames carry the all-zero masking key:
+a valid key (the server unmasks with it as with any other) that leaves the
+payload as is, so no per-byte work is done.
 Not for production use: no extensions, no fragmentation of outgoing frames.
 """
 
@@ -16,10 +17,13 @@ import asyncio
 import base64
 import os
 import struct
+from collections.abc import Callable
+from typing import cast
 from urllib.parse import urlsplit
 
 OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 ZERO_MASK = b"\x00\x00\x00\x00"
+OnMessage = Callable[[int, bytes], None]
 
 
 class WebSocketError(Exception):
@@ -38,33 +42,122 @@ def frame(opcode: int, payload: bytes) -> bytes:
     return header + ZERO_MASK + payload
 
 
-class RawWebSocket:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
+def parse_frame(buf: bytearray) -> tuple[bool, int, bytes, int] | None:
+    """(fin, opcode, payload, frame length) of the frame at the start of ``buf``, or None
+    if it is not all there yet."""
+    if len(buf) < 2:
+        return None
+    b0, b1 = buf[0], buf[1]
+    if b1 & 0x80:
+        raise WebSocketError("a server frame must not be masked")
+    n, head = b1 & 0x7F, 2
+    if n == 126:
+        if len(buf) < 4:
+            return None
+        n, head = struct.unpack_from("!H", buf, 2)[0], 4
+    elif n == 127:
+        if len(buf) < 10:
+            return None
+        n, head = struct.unpack_from("!Q", buf, 2)[0], 10
+    if len(buf) < head + n:
+        return None
+    return bool(b0 & 0x80), b0 & 0x0F, bytes(buf[head:head + n]), head + n
+
+
+class RawWebSocket(asyncio.Protocol):
+    """One connection; ``on_message(opcode, payload)`` gets each text/binary message."""
+
+    def __init__(self, on_message: OnMessage) -> None:
+        self.on_message = on_message
         self.closed = False
         self.close_code: int | None = None
+        self.closed_event = asyncio.Event()
+        self._transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._fragments: list[bytes] = []
+        self._fragment_op = 0
+        self._writable = asyncio.Event()
+        self._writable.set()
 
     @classmethod
-    async def connect(cls, url: str, timeout_s: float = 30.0) -> RawWebSocket:
+    async def connect(cls, url: str, on_message: OnMessage,
+                      timeout_s: float = 30.0) -> RawWebSocket:
         parts = urlsplit(url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         key = base64.b64encode(os.urandom(16)).decode()
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write((f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                          "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                          f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-                          ).encode())
-            head = await reader.readuntil(b"\r\n\r\n")
-        status_line = head.split(b"\r\n", 1)[0]
+            _, ws = await loop.create_connection(lambda: cls(on_message), host, port)
+            assert ws._transport is not None
+            ws._transport.write((f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                                 "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                                 f"Sec-WebSocket-Key: {key}\r\n"
+                                 "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+            await ws._opened
+        return ws
+
+    # --- asyncio.Protocol ----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement the interface without subclassing it
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if not self._opened.done() and not self._handshake():
+            return
+        try:
+            while (parsed := parse_frame(self._buf)) is not None:
+                fin, opcode, payload, size = parsed
+                del self._buf[:size]
+                self._on_frame(fin, opcode, payload)
+        except WebSocketError:
+            self._mark_closed(1002)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._writable.set()
+        if not self._opened.done():
+            self._opened.set_exception(ConnectionError("closed during the handshake"))
+        self._mark_closed(self.close_code)
+
+    # --- frames ----------------------------------------------------------------------
+    def _handshake(self) -> bool:
+        end = self._buf.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        status_line = bytes(self._buf[: self._buf.find(b"\r\n")])
+        del self._buf[: end + 4]
         status = status_line.split()
         if len(status) < 2 or status[1] != b"101":
-            writer.close()
-            raise WebSocketError(f"handshake refused: {status_line!r}")
-        return cls(reader, writer)
+            self._opened.set_exception(WebSocketError(f"handshake refused: {status_line!r}"))
+            self._mark_closed(None)
+            return False
+        self._opened.set_result(None)
+        return True
 
+    def _on_frame(self, fin: bool, opcode: int, payload: bytes) -> None:
+        if opcode == OP_PING:
+            self._write(frame(OP_PONG, payload))
+        elif opcode == OP_CLOSE:
+            code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
+            self._write(frame(OP_CLOSE, payload[:2]))
+            self._mark_closed(code)
+        elif opcode in (OP_TEXT, OP_BINARY, OP_CONT):
+            if opcode != OP_CONT:
+                self._fragment_op = opcode
+            self._fragments.append(payload)
+            if fin:
+                message, self._fragments = b"".join(self._fragments), []
+                self.on_message(self._fragment_op, message)
+
+    # --- sending ---------------------------------------------------------------------
     async def send_bytes(self, data: bytes) -> None:
         await self._send(OP_BINARY, data)
 
@@ -72,55 +165,25 @@ class RawWebSocket:
         await self._send(OP_TEXT, text.encode())
 
     async def _send(self, opcode: int, payload: bytes) -> None:
-        if self.closed:
+        if self.closed or self._transport is None:
             raise ConnectionError("websocket is closed")
-        self._writer.write(frame(opcode, payload))
-        if self._writer.transport.get_write_buffer_size() > 1 << 20:
-            await self._writer.drain()
+        self._write(frame(opcode, payload))
+        if not self._writable.is_set():  # the transport's buffer is over its high-water mark
+            await self._writable.wait()
 
-    async def receive(self) -> tuple[int, bytes] | None:
-        """The next text or binary message as (opcode, payload); None once closed."""
-        while not self.closed:
-            try:
-                opcode, payload = await self._read_frame()
-            except (asyncio.IncompleteReadError, ConnectionError):
-                self._mark_closed(None)
-                return None
-            if opcode in (OP_TEXT, OP_BINARY):
-                return opcode, payload
-            if opcode == OP_PING:
-                await self._send(OP_PONG, payload)
-            elif opcode == OP_CLOSE:
-                code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
-                if not self.closed:
-                    self._writer.write(frame(OP_CLOSE, payload[:2]))
-                self._mark_closed(code)
-        return None
-
-    async def _read_frame(self) -> tuple[int, bytes]:
-        """One whole message (continuation frames joined)."""
-        opcode, chunks = -1, []
-        while True:
-            b0, b1 = await self._reader.readexactly(2)
-            n = b1 & 0x7F
-            if n == 126:
-                n = struct.unpack("!H", await self._reader.readexactly(2))[0]
-            elif n == 127:
-                n = struct.unpack("!Q", await self._reader.readexactly(8))[0]
-            if b1 & 0x80:
-                raise WebSocketError("a server frame must not be masked")
-            chunks.append(await self._reader.readexactly(n) if n else b"")
-            if b0 & 0x0F != OP_CONT:
-                opcode = b0 & 0x0F
-            if b0 & 0x80:
-                return opcode, b"".join(chunks)
+    def _write(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
 
     def _mark_closed(self, code: int | None) -> None:
-        self.closed = True
-        self.close_code = code
-        self._writer.close()
+        if not self.closed:
+            self.closed = True
+            self.close_code = code
+            if self._transport is not None:
+                self._transport.close()
+        self.closed_event.set()
 
     async def close(self, code: int = 1000) -> None:
         if not self.closed:
-            self._writer.write(frame(OP_CLOSE, struct.pack("!H", code)))
+            self._write(frame(OP_CLOSE, struct.pack("!H", code)))
             self._mark_closed(code)
