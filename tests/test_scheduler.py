@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,6 +82,10 @@ def test_cost_model_learns_from_measured_steps() -> None:
     assert cost.s_per_audio_s == pytest.approx(0.5, rel=0.01)
     cost.observe(measured_s=5.0, audio_s=0.001, seqs=1)  # too little audio to learn from
     assert cost.s_per_audio_s == pytest.approx(0.5, rel=0.01)
+    assert cost.spread > 1.0, "the prior was far off: recent steps ran over their estimate"
+    for _ in range(64):  # a window of accurate estimates later, no margin is left
+        cost.observe(measured_s=0.001 + 0.5 * 0.2, audio_s=0.2, seqs=2)
+    assert cost.spread == pytest.approx(1.0, abs=0.01)
     assert cost.estimate_s(1.0, 2) == pytest.approx(0.501, rel=0.01)
 
 
@@ -89,6 +94,22 @@ def sessions_engine() -> SimulatedEngine:
     settings = Settings(engine="simulated", sim_step_fixed_ms=3.0, sim_prefill_frame_ms=1.0,
                         sim_decode_seq_ms=0.5)
     return SimulatedEngine(settings, slots=8)
+
+
+def test_cost_model_plans_against_the_tail_of_a_machine_whose_speed_varies() -> None:
+    rng = random.Random(7)
+    true_rate = 0.2
+    cost = model(rate=true_rate, fixed=0.0, per_seq=0.0)
+    over = 0
+    for i in range(400):
+        audio_s = cost.affordable_audio_s(0.050, 1)
+        slowdown = 1.6 if rng.random() < 0.2 else 1.0  # one step in five runs slow
+        measured = true_rate * audio_s * slowdown
+        if i >= 100:
+            over += measured > 0.050
+        cost.observe(measured, audio_s, 1)
+    assert cost.spread > 1.2
+    assert over <= 0.05 * 300, f"{over} of 300 steps over the budget"
 
 
 def new_session(engine: SimulatedEngine, name: str) -> RealtimeSession:
