@@ -6,7 +6,8 @@ step implies); the fixed and per-stream terms are the engine's prior. So the mea
 holds on any hardware: a slower machine raises the rate after a few steps.
 
 The spread keeps the tail under the budget too: it is the 95th percentile of
-measured / estimated over recent steps (at least 1). On a machine whose speed
+measured / estimated over recent steps estimated at 5 ms or more (at least 1,
+at most 3). On a machine whose speed
 varies from one step to the next (a shared or throttled VM), an estimate that is
 right on average puts many steps over the budget; planning against the
 estimate's recent tail does not.
@@ -26,7 +27,11 @@ SPREAD_WINDOW = 64
 SPREAD_QUANTILE = 0.95
 # Steps seen before the spread applies, and its ceiling.
 SPREAD_MIN_STEPS = 16
-MAX_SPREAD = 4.0
+MAX_SPREAD = 3.0
+# Only steps estimated at least this long teach the spread: a tiny step's time is
+# mostly fixed overhead the prior may not know (an executor hand-off), so its
+# ratio says nothing about the steps near the budget that the spread is for.
+SPREAD_MIN_ESTIMATE_S = 0.005
 
 
 @dataclass
@@ -59,7 +64,9 @@ class CostModel:
     def observe(self, measured_s: float, audio_s: float, seqs: int) -> None:
         if audio_s < MIN_LEARN_AUDIO_S or seqs == 0:
             return
-        self._learn_spread(measured_s / max(self._mean_s(audio_s, seqs), 1e-9))
+        estimated = self._mean_s(audio_s, seqs)
+        if estimated >= SPREAD_MIN_ESTIMATE_S:
+            self._learn_spread(measured_s / estimated)
         overhead = self.step_fixed_s + self.per_seq_s * seqs
         implied = max(0.0, measured_s - overhead) / audio_s
         self.s_per_audio_s += self.alpha * (implied - self.s_per_audio_s)

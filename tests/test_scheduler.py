@@ -112,6 +112,14 @@ def test_cost_model_plans_against_the_tail_of_a_machine_whose_speed_varies() -> 
     assert over <= 0.05 * 300, f"{over} of 300 steps over the budget"
 
 
+def test_tiny_steps_with_unmodelled_overhead_leave_the_spread_alone() -> None:
+    cost = model(rate=0.0004, fixed=0.0, per_seq=0.0)  # a nearly free engine
+    for _ in range(100):
+        cost.observe(measured_s=0.0003, audio_s=0.1, seqs=1)  # 0.04 ms modelled, 0.3 ms real
+        cost.observe(measured_s=0.010, audio_s=25.0, seqs=250)
+    assert cost.spread < 1.5
+
+
 def new_session(engine: SimulatedEngine, name: str) -> RealtimeSession:
     return RealtimeSession(name, RATE, engine.open_stream(), VadSettings(), 25 * RATE)
 
