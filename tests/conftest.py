@@ -10,10 +10,12 @@ import socket
 import subprocess
 import time
 import wave
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
+import pytest_asyncio
 import redis
 
 VOICE = "en-us+klatt"
@@ -131,3 +133,10 @@ def read_pcm(path: Path | str) -> tuple[bytes, int]:
     """PCM s16le mono bytes and sample rate of a WAV file."""
     with wave.open(os.fspath(path)) as w:
         return w.readframes(w.getnframes()), w.getframerate()
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session for a test's HTTP and WebSocket calls, closed after it."""
+    async with aiohttp.ClientSession() as session:
+        yield session

@@ -12,13 +12,12 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 import redis
 from conftest import read_pcm
 from phrases import SENTENCE_RECALL, TALKING, TRAFFIC, recall
@@ -153,12 +152,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     realtime_slots=2)
     yield s
     s.stop()
-
-
-@pytest_asyncio.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 @pytest.fixture(scope="module")

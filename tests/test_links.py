@@ -9,12 +9,11 @@ import json
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
 from conftest import read_pcm
 from phrases import TRAFFIC
 from stack import Stack, start_stack
@@ -33,12 +32,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     settings={"LANEGATE_ENGINE": "simulated"})
     yield s
     s.stop()
-
-
-@pytest_asyncio.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 @pytest.fixture(scope="module")
