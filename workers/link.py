@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import struct
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +23,7 @@ from lanegate.constants import CLOSE_POLICY, LINK_BATCH_BYTES, LINK_RECORD_HEADE
 from lanegate.logs import get_logger
 from lanes.session import Event
 from lanes.steploop import Close, SessionHandle
-from workers.validation import Refused, audio_problem, end_problem, session_params
+from workers.validation import Refused, session_params
 
 if TYPE_CHECKING:
     from workers.realtime import RealtimeWorker
@@ -125,25 +124,13 @@ class Link:
 
     def _audio(self, channel: int, pcm: bytes) -> None:
         handle = self.channels.get(channel)
-        if handle is None:
-            return  # the channel is closed; its audio was already in flight
-        problem = audio_problem(pcm, handle.session.ended)
-        if problem:
-            self.worker.reject(handle, problem)
-            return
-        handle.session.receive(pcm, time.monotonic())
-        self.worker.loop.touch(handle)
+        if handle is not None:  # else closed; its audio was already in flight
+            self.worker.feed(handle, pcm)
 
     def _end(self, channel: int) -> None:
         handle = self.channels.get(channel)
-        if handle is None:
-            return
-        problem = end_problem(handle.session.ended)
-        if problem:
-            self.worker.reject(handle, problem)
-            return
-        handle.session.end(time.monotonic())
-        self.worker.loop.touch(handle)
+        if handle is not None:
+            self.worker.end_audio(handle)
 
     def _abandon(self, channel: int) -> None:
         handle = self.channels.pop(channel, None)

@@ -41,6 +41,7 @@ from workers.validation import (
     Refused,
     audio_problem,
     control_problem,
+    end_problem,
     session_params,
 )
 
@@ -250,6 +251,27 @@ class RealtimeWorker:
         handle.session.ended = True
         self.loop.touch(handle)
 
+    def feed(self, handle: SessionHandle, pcm: bytes) -> bool:
+        """One frame of the gateway's audio for the session; False if it was bad (the
+        session is then rejected)."""
+        problem = audio_problem(pcm, handle.session.ended)
+        if problem:
+            self.reject(handle, problem)
+            return False
+        handle.session.receive(pcm, time.monotonic())
+        self.loop.touch(handle)
+        return True
+
+    def end_audio(self, handle: SessionHandle) -> bool:
+        """The gateway's ``end`` for the session; False if it came twice (rejected)."""
+        problem = end_problem(handle.session.ended)
+        if problem:
+            self.reject(handle, problem)
+            return False
+        handle.session.end(time.monotonic())
+        self.loop.touch(handle)
+        return True
+
     def abandon(self, handle: SessionHandle) -> None:
         """The gateway's side of the session is gone: drop it and free its slot."""
         handle.abandoned = True
@@ -282,21 +304,18 @@ class RealtimeWorker:
         return await serve_link(self, request)
 
     async def _receive(self, ws: web.WebSocketResponse, handle: SessionHandle) -> None:
-        session = handle.session
         async for msg in ws:
             if msg.type == WSMsgType.BINARY:
-                problem = audio_problem(msg.data, session.ended)
-                if problem:
-                    return self.reject(handle, problem)
-                session.receive(msg.data, time.monotonic())
+                if not self.feed(handle, msg.data):
+                    return None
             elif msg.type == WSMsgType.TEXT:
-                problem = control_problem(msg.data, session.ended)
+                problem = control_problem(msg.data)
                 if problem:
                     return self.reject(handle, problem)
-                session.end(time.monotonic())
+                if not self.end_audio(handle):
+                    return None
             else:
                 return None
-            self.loop.touch(handle)
         return None
 
     async def _refuse(self, ws: web.WebSocketResponse, exc: Refused,

@@ -61,12 +61,13 @@ def end_problem(ended: bool) -> str | None:
     return "end sent twice" if ended else None
 
 
-def control_problem(data: str, ended: bool) -> str | None:
-    """A per-session endpoint's text frame must be ``{"type":"end"}``, once."""
+def control_problem(data: str) -> str | None:
+    """A per-session endpoint's text frame must be ``{"type":"end"}`` (once: that is
+    ``end_problem``)."""
     try:
         message = json.loads(data)
     except ValueError:
         return "text frames must be JSON"
     if not isinstance(message, dict) or message.get("type") != "end":
         return "unknown control message; expected {\"type\":\"end\"}"
-    return end_problem(ended)
+    return None
