@@ -127,7 +127,8 @@ class StepLoop:
         self._wake.set()
 
     def touch(self, handle: SessionHandle) -> None:
-        """``handle``'s session changed (audio, end, abandoned): settle it next iteration."""
+        """``handle``'s session changed (audio, end, abandoned, stepped): settle it next
+        iteration."""
         self._dirty[handle.session.session_id] = None
         self.wake()
 
@@ -238,7 +239,7 @@ class StepLoop:
             return
         self._record_step(time.perf_counter() - started, plan.audio_samples, len(work))
         for handle, hyp in zip(handles, hyps, strict=True):
-            self._dirty[handle.session.session_id] = None
+            self.touch(handle)
             try:
                 handle.send(self._counted(handle.session.after_chunk(hyp)))
             except Exception:
@@ -280,7 +281,7 @@ class StepLoop:
         handle.send([{"type": "error", "code": "internal", "message": message}])
         handle.post(Close(CLOSE_INTERNAL))
         handle.abandoned = True
-        self._dirty[handle.session.session_id] = None
+        self.touch(handle)
 
     def _drop(self, handle: SessionHandle, reason: str) -> None:
         session = handle.session
