@@ -112,18 +112,18 @@ class Stack:
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds used so far by each live child, from /proc."""
-        out = {}
-        for child in self.children:
-            with contextlib.suppress(OSError):
-                out[child.name] = child.cpu_seconds()
-        return out
+        return self._per_child(Child.cpu_seconds)
 
     def runqueue_wait_seconds(self) -> dict[str, float]:
         """Seconds each live child has waited for a CPU so far, from /proc schedstat."""
+        return self._per_child(Child.runqueue_wait_seconds)
+
+    def _per_child(self, read: Callable[[Child], float]) -> dict[str, float]:
+        """``read`` of each child whose /proc entry still exists."""
         out = {}
         for child in self.children:
             with contextlib.suppress(OSError):
-                out[child.name] = child.runqueue_wait_seconds()
+                out[child.name] = read(child)
         return out
 
     def base_env(self) -> dict[str, str]:

@@ -70,7 +70,6 @@ class RawWebSocket(asyncio.Protocol):
 
     def __init__(self, on_message: OnMessage) -> None:
         self.on_message = on_message
-        self.closed = False
         self.close_code: int | None = None
         self.closed_event = asyncio.Event()
         self._transport: asyncio.Transport | None = None
@@ -176,13 +175,16 @@ class RawWebSocket(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)
 
+    @property
+    def closed(self) -> bool:
+        return self.closed_event.is_set()
+
     def _mark_closed(self, code: int | None) -> None:
         if not self.closed:
-            self.closed = True
             self.close_code = code
+            self.closed_event.set()
             if self._transport is not None:
                 self._transport.close()
-        self.closed_event.set()
 
     async def close(self, code: int = 1000) -> None:
         if not self.closed:
