@@ -1,10 +1,10 @@
 """The gateway process: ``create_app(settings)`` and ``lanegate gateway``.
 
 The app holds its state in typed keys (``gateway/state.py``): the settings, one
-``redis.asyncio`` client, one ``aiohttp.ClientSession`` and on it the internal
-links to the workers, one per worker (``gateway/links.py``; all opened and closed
-by ``cleanup_ctx``), and the set of open public WebSockets, which ``on_shutdown``
-drains and closes with 1001.
+``redis.asyncio`` client and the job store on it, one ``aiohttp.ClientSession``
+and on it the internal links to the workers, one per worker (``gateway/links.py``;
+all opened and closed by ``cleanup_ctx``), and the sets of live streams and open
+public WebSockets, which ``on_shutdown`` drains and closes with 1001.
 
 Routes: ``/v1/stream`` (``gateway/stream.py``), ``/v1/transcriptions``
 (``gateway/uploads.py``), ``/v1/audio/transcriptions``
@@ -16,42 +16,48 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-from collections.abc import AsyncIterator, Callable
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
-import redis.asyncio as aioredis
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
-from gateway.auth import auth_enabled
+from gateway.auth import auth_enabled, leases_ctx
 from gateway.errors import error_middleware
 from gateway.health import setup_health
 from gateway.links import links_ctx
-from gateway.state import HTTP, REDIS, SETTINGS, SOCKETS
-from gateway.stream import CLOSE_GOING_AWAY, setup_stream
+from gateway.openai_compat import setup_openai
+from gateway.openapi import setup_openapi
+from gateway.page import setup_page
+from gateway.realtime_api import setup_realtime_api
+from gateway.state import GATEWAY_ID, HTTP, JOBS, REDIS, SETTINGS, SOCKETS, UPLOAD_POOL
+from gateway.status import setup_status
+from gateway.stream import setup_stream
+from gateway.uploads import setup_uploads
 from lanegate import metrics
+from lanegate.addresses import is_loopback_host
 from lanegate.logs import configure_logging, get_logger
+from lanegate.redis_io import redis_client
 from lanegate.settings import Settings, from_args
+from lanes.jobs import JobStore
 
 log = get_logger("gateway.app")
 
 __all__ = ["HTTP", "REDIS", "SETTINGS", "SOCKETS", "create_app", "main"]
 
-#: Redis client timeouts: connecting fails fast so requests answer 503 while Redis
-#: is down; no per-command socket timeout (blocking reads are legitimate).
-REDIS_CONNECT_TIMEOUT_S = 2.0
-REDIS_HEALTH_CHECK_S = 5
-
-
 async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
-    client = aioredis.Redis.from_url(
-        app[SETTINGS].redis_url,
-        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-        health_check_interval=REDIS_HEALTH_CHECK_S,
-    )
+    # no per-command socket timeout: the gateway's blocking reads are legitimate
+    client = redis_client(app[SETTINGS].redis_url, socket_timeout=None)
     app[REDIS] = client
     yield
     await client.aclose()
+
+
+async def _jobs_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[JOBS] = JobStore(app[REDIS], app[SETTINGS])
+    yield
 
 
 async def _http_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -63,25 +69,22 @@ async def _http_ctx(app: web.Application) -> AsyncIterator[None]:
     await session.close()
 
 
+async def _upload_pool_ctx(app: web.Application) -> AsyncIterator[None]:
+    # its own bounded pool: six long decodes must not take the default executor's
+    # threads (DNS lookups, other to_thread work) from live streams
+    pool = ThreadPoolExecutor(max_workers=max(1, app[SETTINGS].upload_threads),
+                              thread_name_prefix="lanegate-upload")
+    app[UPLOAD_POOL] = pool
+    yield
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 async def _close_sockets(app: web.Application) -> None:
     """Close public WebSockets not drained by their own routes (after the stream drain)."""
     sockets: set[web.WebSocketResponse] = app[SOCKETS]
     for ws in list(sockets):
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await ws.close(code=CLOSE_GOING_AWAY, message=b"gateway shutting down")
-
-
-def _setup_optional(app: web.Application, module: str, func: str) -> None:
-    """Register routes of a module another team member may still be writing."""
-    try:
-        imported = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:  # a missing dependency inside it is a real error
-            raise
-        log.warning("routes_unavailable", module=module, error=str(exc))
-        return
-    setup: Callable[[web.Application], None] = getattr(imported, func)
-    setup(app)
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -90,34 +93,59 @@ def create_app(settings: Settings) -> web.Application:
     # aiohttp's default client_max_size (1 MiB)
     app = web.Application(middlewares=[error_middleware])
     app[SETTINGS] = settings
+    app[GATEWAY_ID] = uuid.uuid4().hex[:16]
     sockets: set[web.WebSocketResponse] = set()
     app[SOCKETS] = sockets
     app.cleanup_ctx.append(_redis_ctx)
+    app.cleanup_ctx.append(_jobs_ctx)  # after Redis: the store is built on its client
+    app.cleanup_ctx.append(leases_ctx)  # the sessions' leases hang on its heartbeat
     app.cleanup_ctx.append(_http_ctx)
+    app.cleanup_ctx.append(_upload_pool_ctx)
     app.cleanup_ctx.append(links_ctx)  # after HTTP: the links close before it
     setup_health(app)
     setup_stream(app)
-    _setup_optional(app, "gateway.uploads", "setup_uploads")
-    _setup_optional(app, "gateway.openai_compat", "setup_openai")
+    setup_realtime_api(app)
+    setup_uploads(app)
+    setup_openai(app)
+    setup_page(app)
+    setup_openapi(app)
+    setup_status(app)
     app.on_shutdown.append(_close_sockets)
     metrics.init_gateway_series()
     return app
 
 
+def anonymous_refusal(settings: Settings) -> str | None:
+    """Why the gateway must not start with these settings (auth off on an address
+    others can reach, without ``allow_anonymous``), or None."""
+    if auth_enabled(settings) or settings.allow_anonymous or is_loopback_host(settings.host):
+        return None
+    return (f"refusing to serve without API keys on {settings.host!r}, which is not a "
+            "loopback address: set LANEGATE_API_KEYS, bind to 127.0.0.1, or set "
+            "LANEGATE_ALLOW_ANONYMOUS=true to accept every caller as 'anonymous'")
+
+
 def main(args: argparse.Namespace) -> int:
     """``lanegate gateway``: serve ``create_app`` on ``host:port`` until SIGINT/SIGTERM."""
     settings = from_args(args)
-    configure_logging(settings.log_level, process="gateway")
+    configure_logging(settings.log_level, settings.log_format, process="gateway")
     if not settings.redis_url:
         log.error("no_redis_url", message="set --redis-url or LANEGATE_REDIS_URL "
                   "(`lanegate up` starts its own Redis)")
+        return 2
+    refusal = anonymous_refusal(settings)
+    if refusal is not None:
+        log.error("auth_off_refused", host=settings.host, message=refusal)
+        print(f"lanegate gateway: {refusal}", file=sys.stderr)
         return 2
     if not auth_enabled(settings):
         log.warning("auth_off", message="LANEGATE_API_KEYS is empty: every caller is "
                     "accepted as tenant 'anonymous'")
     log.info("gateway_start", host=settings.host, port=settings.port)
+    # handler_cancellation: a request whose client left stops (an OpenAI request no
+    # longer waits for its job; the job goes on and uploads clean up after themselves)
     web.run_app(create_app(settings), host=settings.host, port=settings.port,
                 print=None, shutdown_timeout=settings.drain_timeout_s + 5.0,
-                access_log=None)
+                access_log=None, handler_cancellation=True)
     log.info("gateway_stop")
     return 0

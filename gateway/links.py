@@ -1,11 +1,11 @@
 """The gateway's links: one internal WebSocket per (gateway process, worker), shared
 by every session this gateway opens on that worker (protocol in docs/INTERNALS.md).
 
-A relayed 100 ms frame used to cost a WebSocket message each way per session, and
-each session pinged its worker; with hundreds of live streams that per-message I/O
-was the gateway's CPU. On a link, all audio queued in one event-loop tick leaves in
-one binary message of ``(channel, length)``-prefixed records, the worker answers
-each tick's events in one text message, and one ping loop covers every session.
+With hundreds of live streams, a WebSocket message each way per relayed 100 ms
+frame and a ping loop per session would make per-message I/O the gateway's CPU.
+So on a link all audio queued in one event-loop tick leaves in one binary message
+of ``(channel, length)``-prefixed records, the worker answers each tick's events
+in one text message, and one ping loop covers every session.
 
 ``app[LINKS].get(worker)`` returns the worker's ``WorkerLink``, connecting on first
 use (concurrent first uses share one attempt). ``link.open(...)`` gives a
@@ -23,21 +23,25 @@ import struct
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
 from gateway.state import HTTP, LINKS, SETTINGS
 from lanegate import metrics
-from lanegate.constants import LINK_BATCH_BYTES, LINK_RECORD_HEADER
+from lanegate.constants import (
+    INTERNAL_TOKEN_HEADER,
+    LINK_BATCH_BYTES,
+    LINK_PATH,
+    LINK_RECORD_HEADER,
+)
 from lanegate.logs import get_logger
 from lanegate.settings import Settings
-from workers.registry import WorkerInfo
+from lanes.registry import WorkerInfo
 
 log = get_logger("gateway.links")
 
-LINK_PATH = "/internal/v1/link"
 RECORD = struct.Struct(LINK_RECORD_HEADER)
 CHANNEL_MASK = 2**32 - 1
 #: fraction of ``worker_lost_timeout_s`` a worker may stay silent, leaving time to tell
@@ -53,7 +57,7 @@ def silence_limit_s(settings: Settings, lane: str) -> float:
     """How long a worker may send nothing (not even a pong) before it is lost."""
     if lane == "mixed":
         return settings.mixed_lost_timeout_s
-    return settings.worker_lost_timeout_s * SILENCE_FRACTION
+    return min(settings.worker_lost_timeout_s, settings.link_timeout_s) * SILENCE_FRACTION
 
 
 class LinkRefused(Exception):
@@ -73,7 +77,8 @@ class Channel:
     def __init__(self, link: WorkerLink, number: int) -> None:
         self.link = link
         self.number = number
-        self.events: asyncio.Queue[dict[str, Any] | Lost] = asyncio.Queue()
+        # bounded; the one slot over the bound is for the error that ends an overrun channel
+        self.events: asyncio.Queue[dict[str, Any] | Lost] = asyncio.Queue(link.max_events + 1)
         self.ended = False  # the worker ended it (done/error/closed) or the link is lost
 
     async def send_audio(self, pcm: bytes) -> None:
@@ -81,6 +86,9 @@ class Channel:
 
     def end(self) -> None:
         self.link.send_op({"op": "end", "ch": self.number})
+
+    def commit(self) -> None:
+        self.link.send_op({"op": "commit", "ch": self.number})
 
     def close(self) -> None:
         """Forget the channel; a channel the worker still serves is abandoned."""
@@ -94,8 +102,9 @@ class WorkerLink:
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse, *, url: str, worker_id: str,
                  lane: str, silence_s: float,
-                 on_lost: Callable[[WorkerLink], None]) -> None:
+                 on_lost: Callable[[WorkerLink], None], max_events: int = 1000) -> None:
         self.url = url
+        self.max_events = max(1, max_events)
         self.worker_id = worker_id
         self.lane = lane
         self.channels: dict[int, Channel] = {}
@@ -104,7 +113,8 @@ class WorkerLink:
         self._silence_s = silence_s
         self._on_lost = on_lost
         self._next_number = 0
-        self._pending: deque[bytes | str] = deque()  # audio records and control ops, in order
+        # control ops, and between them the audio records that go out as one message
+        self._pending: deque[bytearray | str] = deque()
         self._pending_audio = 0  # bytes of audio records in _pending
         self._wake = asyncio.Event()
         self._room = asyncio.Event()  # set while _pending_audio is under LINK_BATCH_BYTES
@@ -115,16 +125,27 @@ class WorkerLink:
         metrics.GATEWAY_WORKER_LINKS.labels(lane=lane).inc()
 
     # --- channels ------------------------------------------------------------------
-    def open(self, *, session_id: str, sample_rate: int, language: str) -> Channel:
-        """A new channel; the worker's answer (``accepted`` or ``error``) is its first event."""
+    def open(self, *, session_id: str, sample_rate: int, language: str,
+             vad: dict[str, int | None] | None = None, prompt: str = "",
+             temperature: float | None = None) -> Channel:
+        """A new channel; the worker's answer (``accepted`` or ``error``) is its first event.
+        An empty ``language`` asks the engine to detect it; ``prompt`` and ``temperature``
+        go out only when given."""
         channel = Channel(self, self._new_number())
         if self.lost is not None:
             channel.ended = True
             channel.events.put_nowait(Lost(self.lost))
             return channel
         self.channels[channel.number] = channel
-        self.send_op({"op": "open", "ch": channel.number, "session_id": session_id,
-                      "sample_rate": sample_rate, "language": language})
+        op: dict[str, Any] = {"op": "open", "ch": channel.number, "session_id": session_id,
+                              "sample_rate": sample_rate, "language": language}
+        if vad is not None:
+            op["vad"] = vad
+        if prompt:
+            op["prompt"] = prompt
+        if temperature is not None:
+            op["temperature"] = temperature
+        self.send_op(op)
         return channel
 
     def _new_number(self) -> int:
@@ -142,7 +163,13 @@ class WorkerLink:
             await self._room.wait()
         if self.lost is not None:
             return  # the channel has its Lost marker
-        self._pending.append(RECORD.pack(number, len(pcm)) + pcm)
+        pending = self._pending
+        if not pending or isinstance(pending[-1], str) or len(pending[-1]) >= LINK_BATCH_BYTES:
+            pending.append(bytearray())
+        records = pending[-1]
+        assert isinstance(records, bytearray)
+        records += RECORD.pack(number, len(pcm))
+        records += pcm  # the one copy of the audio here: aiohttp masks a copy of its own
         self._pending_audio += RECORD.size + len(pcm)
         self._wake.set()
 
@@ -160,27 +187,19 @@ class WorkerLink:
                     message = self._next_message()
                     if isinstance(message, str):
                         await self._ws.send_str(message)
-                    else:
-                        await self._ws.send_bytes(message)
+                    else:  # aiohttp takes a bytearray (its annotation says bytes)
+                        await self._ws.send_bytes(cast(bytes, message))
         except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
             await self._fail(f"sending failed: {exc or type(exc).__name__}")
 
-    def _next_message(self) -> bytes | str:
+    def _next_message(self) -> bytearray | str:
         """The next op, or the audio records up to the next op (about LINK_BATCH_BYTES)."""
-        first = self._pending.popleft()
-        if isinstance(first, str):
-            return first
-        records = [first]
-        size = len(first)
-        while size < LINK_BATCH_BYTES and self._pending and isinstance(self._pending[0], bytes):
-            record = self._pending.popleft()
-            assert isinstance(record, bytes)
-            records.append(record)
-            size += len(record)
-        self._pending_audio -= size
-        if self._pending_audio < LINK_BATCH_BYTES:
-            self._room.set()
-        return b"".join(records)
+        message = self._pending.popleft()
+        if isinstance(message, bytearray):
+            self._pending_audio -= len(message)
+            if self._pending_audio < LINK_BATCH_BYTES:
+                self._room.set()
+        return message
 
     async def _ping_loop(self) -> None:
         with contextlib.suppress(ConnectionError, aiohttp.ClientError, RuntimeError):
@@ -203,7 +222,10 @@ class WorkerLink:
             elif msg.type is aiohttp.WSMsgType.BINARY:
                 log.warning("worker_unexpected_binary", worker=self.worker_id)
             elif msg.type is not aiohttp.WSMsgType.PONG:  # CLOSE / CLOSED / ERROR
-                return await self._fail(f"closed the link (code {self._ws.close_code})")
+                code = self._ws.close_code
+                if code == WSCloseCode.GOING_AWAY:
+                    return await self._fail("the worker is stopping", expected=True)
+                return await self._fail(f"closed the link (code {code})")
 
     def _deliver(self, data: str) -> None:
         """Hand each ``[ch, event]`` of one batch to its channel."""
@@ -211,18 +233,35 @@ class WorkerLink:
             channel = self.channels.get(number)
             if channel is None:
                 continue  # closed here; the worker had not heard yet
+            if channel.events.qsize() >= self.max_events:
+                self._overrun(channel)
+                continue
             if event["type"] in FINAL_TYPES:
                 channel.ended = True
                 del self.channels[number]
             channel.events.put_nowait(event)
 
+    def _overrun(self, channel: Channel) -> None:
+        """The session's reader fell ``max_events`` behind: end it, not the link."""
+        log.warning("channel_overrun", worker=self.worker_id, channel=channel.number,
+                    events=channel.events.qsize())
+        channel.close()  # abandoned at the worker, its slot freed
+        channel.events.put_nowait({
+            "type": "error", "code": "overloaded",
+            "message": f"the client read its events too slowly ({self.max_events} waiting, "
+                       "max_channel_events)"})
+
     # --- losing and closing -----------------------------------------------------------
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, *, expected: bool = False) -> None:
+        """``expected``: a shutdown (this gateway's or the worker's); with no session
+        open on the link nothing is lost, and a normal Ctrl-C logs no warning."""
         if self.lost is not None:
             return
         self.lost = reason
-        log.warning("worker_link_lost", worker=self.worker_id, url=self.url, reason=reason,
-                    channels=len(self.channels))
+        quiet = expected and not self.channels
+        (log.info if quiet else log.warning)(
+            "worker_link_closed" if quiet else "worker_link_lost", worker=self.worker_id,
+            url=self.url, reason=reason, channels=len(self.channels))
         for channel in self.channels.values():
             channel.ended = True
             channel.events.put_nowait(Lost(reason))
@@ -236,14 +275,14 @@ class WorkerLink:
             if task is not current:
                 task.cancel()
 
-    async def _fail(self, reason: str) -> None:
-        self._lose(reason)
+    async def _fail(self, reason: str, *, expected: bool = False) -> None:
+        self._lose(reason, expected=expected)
         with contextlib.suppress(ConnectionError, aiohttp.ClientError, TimeoutError):
             await self._ws.close()
 
     async def close(self) -> None:
         """Gateway shutdown: stop the link's tasks and close its WebSocket."""
-        self._lose("the gateway is shutting down")
+        self._lose("the gateway is shutting down", expected=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
         with contextlib.suppress(ConnectionError, aiohttp.ClientError, TimeoutError):
             await self._ws.close()
@@ -310,10 +349,12 @@ class WorkerLinks:
     async def _connect(self, worker: WorkerInfo) -> WorkerLink:
         timeout = self._settings.worker_connect_timeout_s
         url = worker.url.rstrip("/") + LINK_PATH
+        token = self._settings.internal_token
+        headers = {INTERNAL_TOKEN_HEADER: token} if token else {}
         # one bound on connect + hello: a frozen worker never answers the upgrade
         async with asyncio.timeout(timeout):
             ws = await self._http.ws_connect(
-                url, autoping=False, max_msg_size=0,
+                url, autoping=False, max_msg_size=0, headers=headers,
                 timeout=aiohttp.ClientWSTimeout(ws_close=timeout))
             try:
                 hello = await _hello(ws)
@@ -327,7 +368,7 @@ class WorkerLinks:
         return WorkerLink(ws, url=worker.url, worker_id=str(hello.get("worker") or
                                                                worker.worker_id),
                           lane=lane, silence_s=silence_limit_s(self._settings, lane),
-                          on_lost=self._forget)
+                          on_lost=self._forget, max_events=self._settings.max_channel_events)
 
     async def close(self) -> None:
         tasks = list(self._links.values())

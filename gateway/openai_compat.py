@@ -2,23 +2,28 @@
 
 The request is OpenAI's multipart shape, so the official ``openai`` SDK and the
 tools built on it work with ``base_url`` pointed at lanegate. Honoured fields:
-``file``, ``language``, ``response_format`` (``json``, ``text``, ``srt``,
-``verbose_json``, ``vtt``) and ``timestamp_granularities[]`` (``segment``,
-``word``; with ``verbose_json``). ``model`` is required, as by OpenAI, but any
-name is accepted: lanegate always uses its configured engine. ``prompt`` and
-``temperature`` are validated and ignored (the engines here take neither).
-``stream=true`` is refused; other fields newer SDKs may send are ignored.
+``file``, ``language`` (optional: without it the engine detects the language and
+``verbose_json`` reports it), ``prompt`` and ``temperature`` (0-1; both condition
+Whisper's decoder, the English-only engines ignore them), ``response_format``
+(``json``, ``text``, ``srt``, ``verbose_json``, ``vtt``) and
+``timestamp_granularities[]`` (``segment``, ``word``; with ``verbose_json``).
+``model`` is required, as by OpenAI, but any name is accepted: lanegate always
+uses its configured engine.
+``stream=true`` (with ``json`` or ``text``) answers with server-sent events as
+OpenAI sends them (``gateway/sse.py``): a delta per decoded segment, on either lane
+(a batch job's deltas follow its progress), then the whole text. Other fields newer
+SDKs may send are ignored.
 
-Routing: short audio (``sync_max_seconds``) is transcribed on the realtime
-lane; longer audio becomes a batch job and the request waits for it (up to
-``wait_base_s + wait_per_audio_s x duration``; then 504 naming the job, which
-goes on and can be fetched from ``/v1/transcriptions/{id}``). A long prefill
-never lands on the realtime lane. Errors use OpenAI's body
+Routing is ``lanes.routing.route_upload``'s, as for ``/v1/transcriptions``, with
+no async: audio routed to the batch lane becomes a job and the request waits for
+it (up to ``wait_base_s + wait_per_audio_s x duration``; then 504 naming the
+job, which goes on and can be fetched from ``/v1/transcriptions/{id}``). Errors use OpenAI's body
 ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from dataclasses import dataclass
@@ -26,31 +31,31 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.auth import tenant_of
-from gateway.intake import Upload, UploadError
-from gateway.state import SETTINGS
-from gateway.uploads import (
-    CONTENT_TYPES,
-    count_rejection,
-    decode_taken,
-    jobs_of,
-    parse_bool,
-    parse_format,
-    parse_language,
-    submit_job,
+from gateway.auth import lease_subject, tenant_of
+from gateway.dispatch import (
+    Transcribed,
+    UploadAsk,
+    follow_job,
+    serve_upload,
     take_upload,
-    transcribe_now,
+    wait_for_job,
 )
+from gateway.intake import Upload, UploadError
+from gateway.params import parse_bool, parse_format, parse_language
+from gateway.sse import TextStream, joined
+from gateway.state import SETTINGS
+from gateway.uploads import CONTENT_TYPES, count_rejection
 from lanegate.audio import DecodedAudio
 from lanegate.logs import get_logger
-from lanegate.transcript import Transcript
-from lanes.jobs import JobNotFound
-from lanes.routing import Route, busy_fallback, route_upload, wait_timeout_s
+from lanegate.transcript import Segment, Transcript
+from lanes.routing import Lane, wait_timeout_s
 
 log = get_logger("gateway.openai")
 
 PATH = "/v1/audio/transcriptions"
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+#: the formats ``stream=true`` takes (OpenAI streams text events only)
+STREAM_FORMATS = ("json", "text")
 GRANULARITIES = frozenset({"segment", "word"})
 #: the fields this endpoint reads; anything else an SDK sends is ignored
 FIELDS = frozenset({
@@ -79,6 +84,14 @@ class OpenAIOptions:
     language: str
     response_format: str
     granularities: frozenset[str]
+    stream: bool = False
+    prompt: str = ""
+    temperature: float | None = None
+
+
+def _ask(request: web.Request, tenant: str, options: OpenAIOptions) -> UploadAsk:
+    return UploadAsk(tenant=tenant, language=options.language, prompt=options.prompt,
+                     temperature=options.temperature, subject=lease_subject(request, tenant))
 
 
 def setup_openai(app: web.Application) -> None:
@@ -89,12 +102,16 @@ def setup_openai(app: web.Application) -> None:
 # --- errors -------------------------------------------------------------------------------
 
 
+def error_body(exc: UploadError) -> dict[str, Any]:
+    kind = "invalid_request_error" if exc.status < 500 else "server_error"
+    return {"error": {"message": exc.message, "type": kind, "param": exc.param,
+                      "code": exc.code}}
+
+
 def openai_error(exc: UploadError) -> web.HTTPException:
     """OpenAI's error body. The SDK retries 409/5xx unless told otherwise: a request that
     would only repeat the same failure (or start a second job) says ``x-should-retry: false``."""
-    kind = "invalid_request_error" if exc.status < 500 else "server_error"
-    body = {"error": {"message": exc.message, "type": kind, "param": exc.param,
-                      "code": exc.code}}
+    body = error_body(exc)
     headers = {"x-should-retry": "false", **exc.headers}
     http = web.HTTPException(text=json.dumps(body), content_type="application/json",
                              headers=headers)
@@ -121,24 +138,28 @@ def parse_openai_options(upload: Upload) -> OpenAIOptions:
     if not model:
         raise UploadError(400, "missing_required_parameter",
                           "you must provide a model parameter", param="model")
-    _check_temperature(upload.get("temperature"))
-    if parse_bool(upload.get("stream"), param="stream"):
-        raise UploadError(400, "unsupported_parameter",
-                          "stream=true is not supported; lanegate answers with the whole "
-                          "transcript (use /v1/stream for live text)", param="stream")
+    temperature = _temperature(upload.get("temperature"))
+    stream = parse_bool(upload.get("stream"), param="stream")
     response_format = parse_format(upload.get("response_format"), RESPONSE_FORMATS)
+    if stream and response_format not in STREAM_FORMATS:
+        raise UploadError(400, "unsupported_value",
+                          f"stream=true streams text: response_format must be json or text, "
+                          f"not {response_format}", param="stream")
     granularities = _granularities(upload)
     if granularities and response_format != "verbose_json":
         raise UploadError(400, "invalid_value",
                           "timestamp_granularities requires response_format=verbose_json",
                           param="timestamp_granularities")
     return OpenAIOptions(model=model, language=parse_language(upload.get("language")),
-                         response_format=response_format, granularities=granularities)
+                         response_format=response_format, granularities=granularities,
+                         stream=stream, prompt=(upload.get("prompt") or "").strip(),
+                         temperature=temperature)
 
 
-def _check_temperature(raw: str | None) -> None:
+def _temperature(raw: str | None) -> float | None:
+    """The temperature asked for, or None (the engine's default)."""
     if raw is None or raw == "":
-        return
+        return None
     try:
         value = float(raw)
     except ValueError:
@@ -146,6 +167,7 @@ def _check_temperature(raw: str | None) -> None:
     if not 0.0 <= value <= 1.0:
         raise UploadError(400, "invalid_value", "temperature must be a number from 0 to 1",
                           param="temperature")
+    return value
 
 
 def _granularities(upload: Upload) -> frozenset[str]:
@@ -222,75 +244,65 @@ def client_wait_cap_s(request: web.Request) -> float | None:
 # --- the handler --------------------------------------------------------------------------
 
 
+def _job_wait_s(request: web.Request, decoded: DecodedAudio) -> float:
+    """How long the request waits for a batch job."""
+    timeout = wait_timeout_s(decoded.seconds, request.app[SETTINGS])
+    client_cap = client_wait_cap_s(request)
+    return timeout if client_cap is None else min(timeout, client_cap)
+
+
 async def create_transcription(request: web.Request) -> web.StreamResponse:
     tenant = _tenant(request)
     try:
-        upload = await take_upload(request, fields=FIELDS, strict=False, raw_allowed=False)
-        options = _options_or_cleanup(request, upload)
-        decoded = await decode_taken(request, upload)
-        transcript, headers = await _transcribe(request, tenant, upload, decoded, options)
+        upload, options, decoded = await take_upload(
+            request, fields=FIELDS, strict=False, raw_allowed=False, parse=parse_openai_options)
+        if options.stream:
+            return await stream_transcription(request, upload, options, decoded, tenant)
+        served = await serve_upload(request.app, upload, decoded,
+                                    _ask(request, tenant, options))
+        if isinstance(served, Transcribed):
+            return render(served.transcript, options, {"X-Lanegate-Lane": Lane.REALTIME})
+        # no "async" here: long audio waits for its job, off the realtime lane
+        job = served.job
+        try:
+            transcript = await wait_for_job(request.app, job, tenant,
+                                            _job_wait_s(request, decoded))
+        except asyncio.CancelledError:  # the client hung up (handler_cancellation)
+            log.info("openai_client_gone", job_id=job.id, lane=Lane.BATCH,
+                     message="stopped waiting; the job goes on")
+            raise
     except UploadError as exc:
         count_rejection(exc)
         raise openai_error(exc) from None
-    return render(transcript, options, headers)
+    return render(transcript, options, {"X-Lanegate-Lane": Lane.BATCH, "X-Lanegate-Job-Id": job.id})
 
 
-def _options_or_cleanup(request: web.Request, upload: Upload) -> OpenAIOptions:
+async def stream_transcription(request: web.Request, upload: Upload, options: OpenAIOptions,
+                               decoded: DecodedAudio, tenant: str) -> web.StreamResponse:
+    """``stream=true``: a delta per segment as the realtime lane decodes it, or as the
+    batch job's progress reports it, then ``transcript.text.done``."""
+    stream = TextStream(request, {})
+    texts: list[str] = []
+
+    async def on_segment(segment: Segment) -> None:
+        stream.headers.setdefault("X-Lanegate-Lane", Lane.REALTIME)
+        texts.append(segment.text)
+        await stream.grow(joined(texts))
+
     try:
-        return parse_openai_options(upload)
-    except UploadError:
-        jobs_of(request.app).delete_audio(upload.upload_id)
-        raise
-
-
-async def _transcribe(request: web.Request, tenant: str, upload: Upload,
-                      decoded: DecodedAudio,
-                      options: OpenAIOptions) -> tuple[Transcript, dict[str, str]]:
-    """The transcript and the response headers naming the lane (and job) that made it."""
-    route = route_upload(decoded.seconds, async_requested=False,
-                         settings=request.app[SETTINGS])
-    if route.sync:
-        transcript = await transcribe_now(request, tenant, upload.upload_id, decoded,
-                                          options.language)
-        if transcript is not None:
-            return transcript, {"X-Lanegate-Lane": "realtime"}
-        route = busy_fallback()
-    return await _through_batch(request, tenant, upload, decoded, options, route)
-
-
-async def _through_batch(request: web.Request, tenant: str, upload: Upload,
-                         decoded: DecodedAudio, options: OpenAIOptions,
-                         route: Route) -> tuple[Transcript, dict[str, str]]:
-    """Queue a batch job and wait for it: long audio never goes to the realtime lane."""
-    job, _ = await submit_job(request, tenant, upload, decoded, route,
-                              language=options.language, response_format="json",
-                              webhook_url=None, idem=None)
-    jobs = jobs_of(request.app)
-    timeout = wait_timeout_s(decoded.seconds, request.app[SETTINGS])
-    client_cap = client_wait_cap_s(request)
-    if client_cap is not None:
-        timeout = min(timeout, client_cap)
-    log.info("openai_waiting", job_id=job.id, lane="batch", timeout_s=round(timeout, 1))
-    headers = {"X-Lanegate-Job-Id": job.id}
-    try:
-        job = await jobs.wait(job.id, tenant, timeout_s=timeout)
-    except JobNotFound:
-        raise UploadError(500, "job_gone", f"transcription job {job.id} vanished",
-                          headers=headers) from None
-    if job.status == "completed":
-        transcript = await jobs.result(job.id, tenant)
-        if transcript is not None:
-            return transcript, {"X-Lanegate-Lane": "batch", **headers}
-        raise UploadError(500, "result_gone", f"job {job.id} completed but its result is gone",
-                          headers=headers)
-    if job.status == "failed":
-        raise UploadError(500, "job_failed", f"transcription job {job.id} failed: {job.error}",
-                          headers=headers)
-    if job.status == "cancelled":
-        raise UploadError(409, "job_cancelled", f"transcription job {job.id} was cancelled",
-                          headers=headers)
-    raise UploadError(
-        504, "timeout",
-        f"the transcript was not ready within {timeout:.0f} s; job {job.id} goes on "
-        f"(status {job.status}, progress {job.progress:.0%}): fetch it with "
-        f"GET /v1/transcriptions/{job.id}?format=json", headers=headers)
+        served = await serve_upload(request.app, upload, decoded,
+                                    _ask(request, tenant, options),
+                                    on_segment=on_segment)
+        if isinstance(served, Transcribed):
+            stream.headers.setdefault("X-Lanegate-Lane", Lane.REALTIME)
+            return await stream.done(served.transcript.text)
+        job = served.job
+        stream.headers.update({"X-Lanegate-Lane": Lane.BATCH, "X-Lanegate-Job-Id": job.id})
+        transcript = await follow_job(request.app, job, tenant, _job_wait_s(request, decoded),
+                                      stream.grow)
+    except UploadError as exc:
+        if not stream.started:
+            raise
+        count_rejection(exc)
+        return await stream.error(error_body(exc))
+    return await stream.done(transcript.text)

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from gateway.auth import acquire_session, release_session
-from gateway.state import REDIS, SETTINGS
+from gateway.auth import lease_member
+from gateway.state import LEASES, UPLOAD_POOL
 from gateway.workers_client import (
     NoWorkers,
     Overloaded,
@@ -28,12 +31,13 @@ from gateway.workers_client import (
 )
 from lanegate.constants import ENGINE_SAMPLE_RATE, SAMPLE_WIDTH
 from lanegate.transcript import Segment, Transcript, Word
-from lanes.routing import realtime_admits
-from workers.registry import list_workers
 
 #: audio per binary frame sent to the worker (the worker caps each step anyway)
 FRAME_MS = 1000
 FRAME_BYTES = ENGINE_SAMPLE_RATE * SAMPLE_WIDTH * FRAME_MS // 1000
+
+#: told of each segment as its final arrives (a streamed transcription sends it on)
+OnSegment = Callable[[Segment], Awaitable[None]]
 
 
 class RealtimeUnavailable(Exception):
@@ -50,52 +54,70 @@ class RealtimeFailed(Exception):
 
 
 async def transcribe_realtime(app: web.Application, pcm: Path, *, session_id: str,
-                              tenant: str, language: str, duration: float,
-                              timeout_s: float) -> Transcript:
+                              subject: str, language: str, duration: float,
+                              timeout_s: float, on_segment: OnSegment | None = None,
+                              prompt: str = "", temperature: float | None = None
+                              ) -> Transcript:
     """Transcribe ``pcm`` (16 kHz s16le mono) on a realtime worker.
 
-    Raises :class:`RealtimeUnavailable` when the lane has no slot to spare (see
-    :func:`admit`), no worker takes the session or the worker is lost before the
-    end; :class:`RealtimeFailed` for a worker error; ``TimeoutError`` after
-    ``timeout_s``.
+    Raises :class:`RealtimeUnavailable` when ``subject`` (the API key, or the client
+    address with auth off) holds its maximum of sessions (see :func:`admit`), no
+    worker takes the session or the worker is lost before the end;
+    :class:`RealtimeFailed` for a worker error; ``TimeoutError`` after ``timeout_s``.
+    The transcript's language is ``language`` when one was asked for, else the one the
+    finals report most (the engine's detection), as a batch job's is.
     """
-    await admit(app, tenant, session_id)
+    await admit(app, subject, session_id)
     try:
-        segments = await _transcribe(app, pcm, session_id=session_id, language=language,
-                                     timeout_s=timeout_s)
+        decoding = Decoding(language, prompt, temperature)
+        segments, languages = await _transcribe(app, pcm, session_id=session_id,
+                                                decoding=decoding, timeout_s=timeout_s,
+                                                on_segment=on_segment)
     finally:
         with contextlib.suppress(RedisError):  # the lease expires by itself
-            await release_session(app[REDIS], app[SETTINGS], tenant, session_id)
-    return Transcript.from_segments(segments, duration=duration, language=language)
+            await app[LEASES].release(subject, lease_member(app, session_id))
+    return Transcript.from_segments(segments, duration=duration,
+                                    language=reported_language(language, languages))
 
 
-async def admit(app: web.Application, tenant: str, session_id: str) -> None:
-    """Take a place on the realtime lane for an upload, or raise RealtimeUnavailable.
+def reported_language(asked: str, detected: list[str]) -> str:
+    """The language asked for, else the one the finals report most."""
+    found = [lang for lang in detected if lang]
+    if asked or not found:
+        return asked
+    return max(dict.fromkeys(found), key=found.count)
 
-    The lane must have more free slots than ``upload_reserve_slots`` (from the
-    registry, up to one heartbeat old), and the upload counts as one of the API
-    key's ``max_sessions_per_key`` concurrent realtime sessions, like a stream.
-    """
-    redis, settings = app[REDIS], app[SETTINGS]
-    free = sum(w.slots_free for w in await list_workers(redis, "realtime") if not w.draining)
-    if not realtime_admits(free, settings):
-        raise RealtimeUnavailable(
-            f"{free} free realtime slots; {settings.upload_reserve_slots} are kept for "
-            "live streams")
-    if not await acquire_session(redis, settings, tenant, session_id):
+
+async def admit(app: web.Application, subject: str, session_id: str) -> None:
+    """Count the upload as one of ``subject``'s concurrent realtime sessions, like a
+    stream (``gateway.auth.session_limit``), or raise RealtimeUnavailable. (Whether the
+    lane has a slot to spare is ``lanes.routing.route_upload``'s decision.)"""
+    if await app[LEASES].admit(subject, lease_member(app, session_id)) is not None:
         raise RealtimeUnavailable("the API key holds its maximum of realtime sessions")
 
 
-async def _transcribe(app: web.Application, pcm: Path, *, session_id: str, language: str,
-                      timeout_s: float) -> list[Segment]:
+@dataclass(frozen=True)
+class Decoding:
+    """What the session asks of the decoder."""
+
+    language: str
+    prompt: str
+    temperature: float | None
+
+
+async def _transcribe(app: web.Application, pcm: Path, *, session_id: str, decoding: Decoding,
+                      timeout_s: float, on_segment: OnSegment | None
+                      ) -> tuple[list[Segment], list[str]]:
     try:
         session = await open_worker_session(
-            app, session_id=session_id, sample_rate=ENGINE_SAMPLE_RATE, language=language)
+            app, session_id=session_id, sample_rate=ENGINE_SAMPLE_RATE,
+            language=decoding.language, prompt=decoding.prompt,
+            temperature=decoding.temperature)
     except (Overloaded, NoWorkers) as exc:
         raise RealtimeUnavailable(str(exc) or type(exc).__name__) from exc
     try:
         async with asyncio.timeout(timeout_s):
-            return await _run(session, pcm)
+            return await _run(session, pcm, app[UPLOAD_POOL], on_segment)
     except WorkerLost as exc:
         raise RealtimeUnavailable(str(exc)) from exc
     finally:
@@ -103,11 +125,12 @@ async def _transcribe(app: web.Application, pcm: Path, *, session_id: str, langu
             await session.close()
 
 
-async def _run(session: WorkerSession, pcm: Path) -> list[Segment]:
+async def _run(session: WorkerSession, pcm: Path, pool: Executor,
+               on_segment: OnSegment | None) -> tuple[list[Segment], list[str]]:
     """Send and collect at once; the collector's outcome wins (a worker ``error`` event
     explains a send that failed because the worker closed the session)."""
-    sender = asyncio.create_task(_send(session, pcm))
-    collector = asyncio.create_task(_collect(session))
+    sender = asyncio.create_task(_send(session, pcm, pool))
+    collector = asyncio.create_task(_collect(session, on_segment))
     try:
         await asyncio.wait({sender, collector}, return_when=asyncio.FIRST_EXCEPTION)
         if sender.done() and not collector.done():
@@ -123,22 +146,29 @@ async def _run(session: WorkerSession, pcm: Path) -> list[Segment]:
                 await task
 
 
-async def _send(session: WorkerSession, pcm: Path) -> None:
-    handle = await asyncio.to_thread(open, pcm, "rb")
+async def _send(session: WorkerSession, pcm: Path, pool: Executor) -> None:
+    loop = asyncio.get_running_loop()
+    handle = await loop.run_in_executor(pool, open, pcm, "rb")
     try:
-        while chunk := await asyncio.to_thread(handle.read, FRAME_BYTES):
+        while chunk := await loop.run_in_executor(pool, handle.read, FRAME_BYTES):
             await session.send_audio(chunk)
     finally:
-        await asyncio.to_thread(handle.close)
+        await loop.run_in_executor(pool, handle.close)
     await session.end()
 
 
-async def _collect(session: WorkerSession) -> list[Segment]:
+async def _collect(session: WorkerSession, on_segment: OnSegment | None
+                   ) -> tuple[list[Segment], list[str]]:
+    """The finals' segments, and the language each reports ("" where none)."""
     segments: list[Segment] = []
+    languages: list[str] = []
     async for event in session.events():
         kind = event.get("type")
         if kind == "final":
             segments.append(segment_of(event))
+            languages.append(str(event.get("language") or ""))
+            if on_segment is not None:
+                await on_segment(segments[-1])
         elif kind == "error":
             code = str(event.get("code", "internal"))
             message = str(event.get("message", ""))
@@ -146,7 +176,7 @@ async def _collect(session: WorkerSession) -> list[Segment]:
                 raise RealtimeUnavailable(message or "the realtime worker was lost")
             raise RealtimeFailed(code, message)
         elif kind == "done":
-            return segments
+            return segments, languages
     raise RealtimeUnavailable("the realtime worker closed the session before `done`")
 
 

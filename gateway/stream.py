@@ -1,27 +1,13 @@
 """``GET /v1/stream``: a live speech stream relayed to a realtime worker.
 
-One ``StreamSession`` per WebSocket: authenticate, validate the query, count
-the stream against its API key, open a worker session, send ``ready``, then
-relay both ways until ``done``, an error, or either side leaving.
+One ``StreamSession`` per WebSocket: authenticate, validate the query
+(``sample_rate``, ``language``: ``gateway/params.py``), count the stream against
+its API key, open a worker session, send ``ready``, then hand over to a
+``Relay`` (``gateway/relay.py``) until ``done``, an error, or either side leaving.
 
-* client -> gateway: binary PCM s16le mono frames at ``sample_rate`` (even
-  length, at most ``max_frame_bytes``); text ``{"type":"end"}``.
-* gateway -> client: ``ready``, the worker's ``partial``/``final``/``error``
-  (public fields only), ``done``; then close (1000, or the error's close code).
-
-Malformed input ends only that session: an ``error`` event, then a close with
-1008 (policy), 1009 (frame too large), 1011 (internal / worker lost) or 1013
-(overloaded). Limits that end a healthy stream (``idle_timeout_s``,
-``max_session_s``) end it gracefully: the worker is told ``end``, its last finals
-are relayed, then ``error``/``timeout`` and close 1008.
-
-Frames larger than ``max_frame_bytes`` get ``too_large`` and close 1009. The
-WebSocket layer itself refuses frames over ``FRAME_HARD_CAP`` x that size at the
-frame header (never buffering them); those close 1009 with no event.
-
-Latency metrics use the gateway's own clock: a compact timeline of (cumulative
-audio ms, arrival time) per received frame, trimmed as events pass, maps each
-event's ``audio_end_ms`` back to when that audio arrived.
+A refusal before ``ready`` is an ``error`` event and the close code of its
+``Failure``. The protocol and its close codes: docs/ARCHITECTURE.md, "A stream's
+life".
 """
 
 from __future__ import annotations
@@ -29,113 +15,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, web
 from redis.exceptions import RedisError
 
-from gateway.auth import acquire_session, authenticate, refresh_session, release_session
+from gateway.auth import ANONYMOUS, authenticate, lease_member, lease_subject
 from gateway.errors import json_error
-from gateway.state import REDIS, SETTINGS, SOCKETS
+from gateway.intake import UploadError
+from gateway.params import parse_language, parse_sample_rate
+from gateway.relay import Failure, Outcome, Relay
+from gateway.state import LEASES, SETTINGS, SOCKETS, STREAMS
 from gateway.workers_client import (
     NoWorkers,
     Overloaded,
-    WorkerLost,
+    VadOverrides,
     WorkerSession,
     open_worker_session,
 )
 from lanegate import metrics
-from lanegate.constants import (
-    CLOSE_INTERNAL,
-    CLOSE_NORMAL,
-    CLOSE_OVERLOADED,
-    CLOSE_POLICY,
-    CLOSE_TOO_LARGE,
-    SAMPLE_WIDTH,
-)
 from lanegate.logs import get_logger
 
 log = get_logger("gateway.stream")
 
-MIN_SAMPLE_RATE = 8000
-MAX_SAMPLE_RATE = 48000
-#: the WebSocket layer refuses frames over this multiple of ``max_frame_bytes`` outright
+#: the WebSocket layer refuses frames over this multiple of ``max_frame_bytes`` at the
+#: frame header, before buffering the payload (close 1009, no event: none can follow
+#: its close frame); frames between the two get a ``too_large`` event from the relay
 FRAME_HARD_CAP = 2
-#: close code when the gateway itself goes away (RFC 6455 "going away")
-CLOSE_GOING_AWAY = 1001
-LANGUAGE_RE = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*$")
-
-#: close code for each error ``code`` (worker errors included)
-CLOSE_FOR_CODE = {
-    "bad_request": CLOSE_POLICY,
-    "unauthorized": CLOSE_POLICY,
-    "timeout": CLOSE_POLICY,
-    "too_large": CLOSE_TOO_LARGE,
-    "overloaded": CLOSE_OVERLOADED,
-    "worker_lost": CLOSE_INTERNAL,
-    "internal": CLOSE_INTERNAL,
-}
-#: public fields of each worker event; anything else is internal and dropped
-PUBLIC_FIELDS = {
-    "partial": ("type", "segment", "text", "audio_end_ms"),
-    "final": ("type", "segment", "text", "start_ms", "end_ms", "cut", "audio_end_ms", "words"),
-    "error": ("type", "code", "message"),
-    "done": ("type",),
-}
-
-SESSIONS: web.AppKey[set[StreamSession]] = web.AppKey("stream_sessions")
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a session ends abnormally: the ``error`` event and the close code."""
-
-    code: str
-    message: str
-    graceful: bool = False  # relay the worker's last finals before the error
-
-    @property
-    def close_code(self) -> int:
-        return CLOSE_FOR_CODE.get(self.code, CLOSE_INTERNAL)
-
-
-class Timeline:
-    """(cumulative audio ms, arrival time) per received frame, trimmed as events pass."""
-
-    def __init__(self, sample_rate: int, maxlen: int = 20_000) -> None:
-        self._bytes_per_ms = sample_rate * SAMPLE_WIDTH / 1000.0
-        self._entries: deque[tuple[float, float]] = deque(maxlen=maxlen)
-        self.audio_bytes = 0
-        self.first_arrival: float | None = None
-        self.last_arrival: float | None = None
-
-    @property
-    def audio_ms(self) -> float:
-        return self.audio_bytes / self._bytes_per_ms
-
-    def ms_of(self, nbytes: int) -> float:
-        return nbytes / self._bytes_per_ms
-
-    def add(self, nbytes: int, now: float) -> None:
-        self.audio_bytes += nbytes
-        self._entries.append((self.audio_ms, now))
-        if self.first_arrival is None:
-            self.first_arrival = now
-        self.last_arrival = now
-
-    def arrival_of(self, audio_end_ms: float) -> float | None:
-        """When the frame holding ``audio_end_ms`` arrived (entries before it are dropped)."""
-        entries = self._entries
-        while len(entries) > 1 and entries[0][0] < audio_end_ms:
-            entries.popleft()
-        if not entries:
-            return None
-        return entries[0][1]
 
 
 def _reject_http(request: web.Request) -> None:
@@ -144,44 +52,30 @@ def _reject_http(request: web.Request) -> None:
 
 
 def parse_query(request: web.Request) -> tuple[int, str] | Failure:
-    raw_rate = request.query.get("sample_rate", "16000")
     try:
-        rate = int(raw_rate)
-    except ValueError:
-        return Failure("bad_request", f"sample_rate must be an integer, got {raw_rate!r}")
-    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        return Failure("bad_request",
-                       f"sample_rate must be {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE}, got {rate}")
-    language = request.query.get("language", "en")
-    if not LANGUAGE_RE.match(language):
-        return Failure("bad_request", f"language must be a language tag, got {language!r}")
-    return rate, language
-
-
-def public_event(event: dict[str, Any]) -> dict[str, Any] | None:
-    fields = PUBLIC_FIELDS.get(event["type"])
-    if fields is None:
-        return None
-    return {k: event[k] for k in fields if k in event}
+        return (parse_sample_rate(request.query.get("sample_rate")),
+                parse_language(request.query.get("language")))
+    except UploadError as exc:
+        return Failure("bad_request", exc.message)
 
 
 class StreamSession:
-    """One public stream from upgrade to close."""
+    """One public stream from upgrade to close: admission and the lease here, the
+    relay itself in a ``Relay`` once a worker session is open."""
 
     def __init__(self, request: web.Request, ws: web.WebSocketResponse) -> None:
         self.request = request
         self.ws = ws
         self.settings = request.app[SETTINGS]
-        self.redis = request.app[REDIS]
+        self.leases = request.app[LEASES]
         self.session_id = uuid.uuid4().hex
-        self.tenant: str | None = None
+        self.lease_id = lease_member(request.app, self.session_id)  # in the per-key count
+        self.worker_session_id = self.session_id  # the id the worker knows it by
+        self.reopens = 0
         self.lane = "realtime"
-        self.worker: WorkerSession | None = None
-        self.timeline: Timeline | None = None
-        self.ended = False  # no more audio goes to the worker
+        self.relay: Relay | None = None  # set while relaying
+        self.lease_tenant: str | None = None  # the API key whose session lease is held
         self.shutting_down = False
-        self.first_partial_seen = False
-        self.lease_held = False
         self.started = time.monotonic()
         self.log = log.bind(session_id=self.session_id, lane=self.lane)
         self.finished = asyncio.Event()
@@ -207,8 +101,12 @@ class StreamSession:
         """Refuse the session before it starts (counted as a rejection)."""
         metrics.REJECTIONS.labels(lane=self.lane, reason=failure.code).inc()
         self.log.info("stream_rejected", code=failure.code, reason=failure.message)
-        await self.send({"type": "error", "code": failure.code, "message": failure.message})
+        await self.send(self.error_event(failure.code, failure.message))
         await self.close(failure.close_code, failure.code)
+
+    def error_event(self, code: str, message: str) -> dict[str, Any]:
+        """The ``error`` event of this protocol."""
+        return {"type": "error", "code": code, "message": message}
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -219,267 +117,103 @@ class StreamSession:
             self.finished.set()
 
     async def _run(self) -> None:
-        self.tenant = authenticate(self.request)
-        if self.tenant is None:
+        tenant = authenticate(self.request)
+        if tenant is None:
             await self.reject(Failure("unauthorized", "missing or invalid API key"))
             return
-        parsed = parse_query(self.request)
+        parsed = self.params()
         if isinstance(parsed, Failure):
             await self.reject(parsed)
             return
         sample_rate, language = parsed
+        subject = lease_subject(self.request, tenant)
         try:
-            if not await acquire_session(self.redis, self.settings, self.tenant,
-                                         self.session_id):
-                await self.reject(Failure(
-                    "overloaded", "this API key already has max_sessions_per_key "
-                    f"({self.settings.max_sessions_per_key}) streams open"))
-                return
+            at_limit = await self.leases.admit(subject, self.lease_id)
         except RedisError:
             await self.reject(Failure("overloaded", "service unavailable; try again later"))
             return
-        self.lease_held = True
+        if at_limit is not None:
+            await self.reject(Failure("overloaded", self._limit_message(tenant, at_limit)))
+            return
+        self.lease_tenant = subject
         try:
-            await self._with_worker(sample_rate, language)
+            await self.serve(tenant, sample_rate, language)
         finally:
             await self._release_lease()
 
-    async def _release_lease(self) -> None:
-        if self.lease_held and self.tenant is not None:
-            self.lease_held = False
-            with contextlib.suppress(RedisError):
-                await release_session(self.redis, self.settings, self.tenant, self.session_id)
+    def _limit_message(self, tenant: str, limit: int) -> str:
+        who = "this client address (auth is off)" if tenant == ANONYMOUS else "this API key"
+        return (f"{who} already holds its limit of {limit} realtime sessions "
+                f"(max_sessions_per_key {self.settings.max_sessions_per_key}, at most "
+                f"max_key_share {self.settings.max_key_share:g} of the live slots)")
 
-    async def _with_worker(self, sample_rate: int, language: str) -> None:
-        try:
-            self.worker = await open_worker_session(
-                self.request.app, session_id=self.session_id, sample_rate=sample_rate,
-                language=language)
-        except NoWorkers as exc:
-            await self.reject(Failure("overloaded", f"{exc}; try again later"))
+    # --- the seams a session of another public protocol overrides ---------------------
+    def params(self) -> tuple[int, str] | Failure:
+        """``(sample_rate, language)`` from the request, or why it is refused."""
+        return parse_query(self.request)
+
+    async def _release_lease(self) -> None:
+        tenant, self.lease_tenant = self.lease_tenant, None
+        if tenant is not None:
+            with contextlib.suppress(RedisError):
+                await self.leases.release(tenant, self.lease_id)
+
+    async def serve(self, tenant: str, sample_rate: int, language: str) -> None:
+        """Admitted, the lease taken (and kept fresh by ``app[LEASES]``): open the worker
+        session and relay until the end."""
+        worker = await self.open_worker(sample_rate, language)
+        if worker is None:
             return
-        except Overloaded as exc:
-            await self.reject(Failure("overloaded", f"{exc}; try again later"))
-            return
-        except RedisError:
-            await self.reject(Failure("overloaded", "service unavailable; try again later"))
-            return
-        self.lane = self.worker.lane
-        self.log = self.log.bind(lane=self.lane, worker=self.worker.worker_id)
-        self.timeline = Timeline(sample_rate)
+        relay = Relay(self, worker, session_id=self.session_id, sample_rate=sample_rate,
+                      reopen=lambda lost: self._worker_session(sample_rate, language, lost),
+                      settings=self.settings, started=self.started)
+        self.lane, self.log, self.relay = relay.lane, relay.log, relay
         try:
             if not await self.send({"type": "ready", "session_id": self.session_id,
                                     "lane": self.lane, "sample_rate": sample_rate}):
                 return
             self.log.info("stream_start", sample_rate=sample_rate, language=language,
-                          tenant=self.tenant)
-            outcome = await self._relay()
-            self._log_end(outcome)
+                          tenant=tenant)
+            self.log_end(relay, await relay.run())
         finally:
-            await self.worker.close()
+            await relay.worker.close()
 
-    def _log_end(self, outcome: Failure | str) -> None:
-        assert self.timeline is not None
+    async def _worker_session(self, sample_rate: int, language: str,
+                              exclude: frozenset[str] = frozenset(),
+                              vad: VadOverrides | None = None) -> WorkerSession:
+        return await open_worker_session(
+            self.request.app, session_id=self.worker_session_id, sample_rate=sample_rate,
+            language=language, vad=vad, exclude=exclude)
+
+    async def open_worker(self, sample_rate: int, language: str,
+                          vad: VadOverrides | None = None) -> WorkerSession | None:
+        """The worker session, or None once the client has been refused."""
+        try:
+            return await self._worker_session(sample_rate, language, vad=vad)
+        except (NoWorkers, Overloaded) as exc:
+            await self.reject(Failure("overloaded", f"{exc}; try again later"))
+        except RedisError:
+            await self.reject(Failure("overloaded", "service unavailable; try again later"))
+        return None
+
+    def log_end(self, relay: Relay, outcome: Outcome) -> None:
         fields: dict[str, Any] = {
             "duration_s": round(time.monotonic() - self.started, 3),
-            "audio_s": round(self.timeline.audio_ms / 1000.0, 3),
+            "audio_s": round(relay.timeline.audio_ms / 1000.0, 3),
+            "failovers": relay.failovers,
         }
+        log = relay.log  # bound to the worker that served the end (after a failover)
         if isinstance(outcome, Failure):
-            self.log.info("stream_end", outcome="error", code=outcome.code,
-                          reason=outcome.message, **fields)
+            log.info("stream_end", outcome="error", code=outcome.code,
+                     reason=outcome.message, **fields)
         else:
-            self.log.info("stream_end", outcome=outcome, **fields)
-
-    async def _relay(self) -> Failure | str:
-        """Run both directions; the outcome is "done", "client_gone" or a Failure."""
-        client = asyncio.create_task(self._pump_client(), name=f"client-{self.session_id}")
-        worker = asyncio.create_task(self._pump_worker(), name=f"worker-{self.session_id}")
-        idle = asyncio.create_task(self._watch_idle(), name=f"idle-{self.session_id}")
-        lease = asyncio.create_task(self._refresh_lease(), name=f"lease-{self.session_id}")
-        tasks = (client, worker, idle, lease)
-        try:
-            await asyncio.wait({client, worker, idle}, return_when=asyncio.FIRST_COMPLETED)
-            if worker.done():
-                outcome = worker.result()
-            else:
-                outcome = client.result() if client.done() else idle.result()
-                client.cancel()  # no more reads once the client side has an outcome
-                if isinstance(outcome, Failure) and outcome.graceful:
-                    outcome = await self._finish_gracefully(worker, outcome)
-            await self._conclude(outcome)
-            return outcome
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _finish_gracefully(
-        self, worker: asyncio.Task[Failure | str], failure: Failure
-    ) -> Failure | str:
-        """End the worker's audio, relay its last finals, then report ``failure``."""
-        assert self.worker is not None
-        if not self.ended:
-            self.ended = True
-            try:
-                await self.worker.end()
-            except WorkerLost:
-                return failure
-        try:
-            result = await asyncio.wait_for(asyncio.shield(worker),
-                                            self.settings.drain_timeout_s)
-        except TimeoutError:
-            return failure
-        if isinstance(result, Failure) and not result.graceful:
-            return result
-        return failure
-
-    async def _conclude(self, outcome: Failure | str) -> None:
-        if outcome == "client_gone":  # answer the client's close only now (autoclose off),
-            await self.close(CLOSE_NORMAL)  # after the lease is released
-            return
-        if outcome == "done":
-            await self.send({"type": "done"})
-            await self.close(CLOSE_GOING_AWAY if self.shutting_down else CLOSE_NORMAL)
-            return
-        assert isinstance(outcome, Failure)
-        if outcome.code in ("bad_request", "too_large", "timeout"):
-            metrics.REJECTIONS.labels(lane=self.lane, reason=outcome.code).inc()
-        await self.send({"type": "error", "code": outcome.code, "message": outcome.message})
-        await self.close(outcome.close_code, outcome.code)
-
-    # --- client -> worker --------------------------------------------------------
-
-    async def _pump_client(self) -> Failure | str:
-        while True:
-            msg = await self.ws.receive()
-            if msg.type is WSMsgType.BINARY:
-                failure = await self._on_audio(msg.data)
-            elif msg.type is WSMsgType.TEXT:
-                failure = await self._on_control(msg.data)
-            elif msg.type is WSMsgType.ERROR and self.ws.close_code == CLOSE_TOO_LARGE:
-                return Failure("too_large", "frame larger than the hard cap")
-            else:  # CLOSE / CLOSING / CLOSED / ERROR: the client left
-                return "client_gone"
-            if failure is not None:
-                return failure
-
-    async def _watch_idle(self) -> Failure:
-        """``idle_timeout_s`` without audio ends the stream. One timer per idle period,
-        not one per frame: at hundreds of streams, a timeout armed and cancelled around
-        every read was a measurable share of the gateway's CPU."""
-        assert self.timeline is not None
-        while True:
-            if self.ended:  # waiting for the worker's last finals; no audio expected
-                await asyncio.get_running_loop().create_future()  # until cancelled
-            last = self.timeline.last_arrival or self.started
-            left = last + self.settings.idle_timeout_s - time.monotonic()
-            if left <= 0:
-                return Failure("timeout", f"no audio for {self.settings.idle_timeout_s:g} s "
-                               "(idle_timeout_s)", graceful=True)
-            await asyncio.sleep(left)
-
-    async def _on_audio(self, data: bytes) -> Failure | None:
-        assert self.timeline is not None
-        assert self.worker is not None
-        settings = self.settings
-        if self.ended:
-            if self.shutting_down:
-                return None  # the gateway is draining this session; drop late audio
-            return Failure("bad_request", "audio after {\"type\":\"end\"}")
-        if len(data) > settings.max_frame_bytes:
-            return Failure("too_large", f"frame of {len(data)} bytes is over max_frame_bytes "
-                           f"({settings.max_frame_bytes})")
-        if len(data) % SAMPLE_WIDTH:
-            return Failure("bad_request", f"odd byte count {len(data)}: audio must be "
-                           "PCM s16le, 2 bytes per sample")
-        if not data:
-            return None
-        frame_ms = self.timeline.ms_of(len(data))
-        if self.timeline.audio_ms + frame_ms > settings.max_session_s * 1000.0:
-            return Failure("timeout", f"session audio over max_session_s "
-                           f"({settings.max_session_s:g} s)", graceful=True)
-        self.timeline.add(len(data), time.monotonic())
-        try:
-            await self.worker.send_audio(data)
-        except WorkerLost:
-            self.ended = True  # the worker pump reports the loss
-        return None
-
-    async def _on_control(self, data: str) -> Failure | None:
-        assert self.worker is not None
-        try:
-            message = json.loads(data)
-        except ValueError:
-            return Failure("bad_request", "text frames must be JSON control messages; "
-                           "audio goes in binary frames")
-        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-            return Failure("bad_request", 'control messages are objects with a "type"')
-        if message["type"] != "end":
-            return Failure("bad_request", f"unknown message type {message['type']!r}")
-        if not self.ended:
-            self.ended = True
-            with contextlib.suppress(WorkerLost):
-                await self.worker.end()
-        return None
-
-    # --- worker -> client --------------------------------------------------------
-
-    async def _pump_worker(self) -> Failure | str:
-        assert self.worker is not None
-        try:
-            async for event in self.worker.events():
-                kind = event["type"]
-                if kind == "done":
-                    return "done"
-                if kind == "error":
-                    return Failure(str(event.get("code") or "internal"),
-                                   str(event.get("message") or "worker error"))
-                out = public_event(event)
-                if out is None:
-                    continue
-                self._observe(kind, out)
-                if not await self.send(out):
-                    return "client_gone"
-        except WorkerLost as exc:
-            self.log.warning("worker_lost", reason=str(exc))
-            return Failure("worker_lost", "the realtime worker serving this stream was lost; "
-                           "reconnect to continue")
-        return Failure("worker_lost", "the worker ended the session without done")
-
-    def _observe(self, kind: str, event: dict[str, Any]) -> None:
-        assert self.timeline is not None
-        now = time.monotonic()
-        if kind == "partial" and not self.first_partial_seen:
-            self.first_partial_seen = True
-            if self.timeline.first_arrival is not None:
-                metrics.FIRST_PARTIAL.labels(lane=self.lane).observe(
-                    now - self.timeline.first_arrival)
-        end_ms = event.get("audio_end_ms")
-        if not isinstance(end_ms, int | float) or kind not in ("partial", "final"):
-            return
-        arrival = self.timeline.arrival_of(float(end_ms))
-        if arrival is None:
-            return
-        histogram = metrics.PARTIAL_LATENCY if kind == "partial" else metrics.FINAL_LATENCY
-        histogram.labels(lane=self.lane).observe(max(0.0, now - arrival))
-
-    async def _refresh_lease(self) -> None:
-        assert self.tenant is not None
-        period = max(0.1, self.settings.session_lease_s / 3)
-        while True:
-            await asyncio.sleep(period)
-            with contextlib.suppress(RedisError):
-                await refresh_session(self.redis, self.settings, self.tenant, self.session_id)
-
-    # --- gateway shutdown --------------------------------------------------------
+            log.info("stream_end", outcome=outcome.value, **fields)
 
     async def shutdown(self) -> None:
         """Gateway going away: end the audio, let the last finals out, close 1001."""
         self.shutting_down = True
-        if self.worker is not None and not self.ended:
-            self.ended = True
-            with contextlib.suppress(WorkerLost):
-                await self.worker.end()
+        if self.relay is not None:
+            await self.relay.end_audio()
 
 
 async def stream_handler(request: web.Request) -> web.StreamResponse:
@@ -490,19 +224,26 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         _reject_http(request)
     await ws.prepare(request)
-    session = StreamSession(request, ws)
+    return await run_socket(request, StreamSession(request, ws))
+
+
+async def run_socket(request: web.Request, session: StreamSession) -> web.WebSocketResponse:
+    """Run ``session`` on its prepared socket, known to the shutdown drain meanwhile."""
+    ws = session.ws
     request.app[SOCKETS].add(ws)
-    request.app[SESSIONS].add(session)
+    request.app[STREAMS].add(session)
     try:
         await session.run()
+    except asyncio.CancelledError:  # the client's connection dropped (handler_cancellation)
+        session.log.info("stream_end", outcome="client_gone", reason="connection lost")
+        raise
     except Exception:
         session.log.exception("stream_internal_error")
-        await session.send({"type": "error", "code": "internal",
-                            "message": "internal gateway error"})
-        await session.close(CLOSE_INTERNAL, "internal")
+        await session.send(session.error_event("internal", "internal gateway error"))
+        await session.close(WSCloseCode.INTERNAL_ERROR, "internal")
     finally:
         request.app[SOCKETS].discard(ws)
-        request.app[SESSIONS].discard(session)
+        request.app[STREAMS].discard(session)
     return ws
 
 
@@ -512,7 +253,7 @@ async def drain_sessions(app: web.Application) -> None:
     Sessions get ``drain_timeout_s`` to finish; any still open are closed with an
     ``internal`` error ("gateway shutting down").
     """
-    live: set[StreamSession] = app[SESSIONS]
+    live: set[StreamSession] = app[STREAMS]
     sessions = list(live)
     for session in sessions:
         await session.shutdown()
@@ -523,14 +264,14 @@ async def drain_sessions(app: web.Application) -> None:
             wait.cancel()
     for session in sessions:
         if not session.finished.is_set():
-            await session.send({"type": "error", "code": "internal",
-                                "message": "gateway shutting down; reconnect"})
-            await session.close(CLOSE_GOING_AWAY, "shutting down")
+            await session.send(session.error_event("internal",
+                                                   "gateway shutting down; reconnect"))
+            await session.close(WSCloseCode.GOING_AWAY, "shutting down")
 
 
 def setup_stream(app: web.Application) -> None:
     """Register ``/v1/stream`` and its shutdown drain on ``app``."""
     sessions: set[StreamSession] = set()
-    app[SESSIONS] = sessions
+    app[STREAMS] = sessions
     app.router.add_get("/v1/stream", stream_handler)
     app.on_shutdown.append(drain_sessions)

@@ -42,13 +42,16 @@ from aiohttp import web
 from gateway.links import Channel, LinkRefused, Lost, silence_limit_s
 from gateway.state import LINKS, REDIS, SETTINGS
 from lanegate.logs import get_logger
-from workers.registry import WorkerInfo, list_workers, pick_worker
+from lanes.registry import WorkerInfo, list_workers, pick_worker
+from lanes.routing import Lane
 
 log = get_logger("gateway.workers_client")
 
 __all__ = ["NoWorkers", "Overloaded", "WorkerError", "WorkerLost", "WorkerSession",
            "open_worker_session", "silence_limit_s"]
 
+#: per-session VAD settings sent with ``open`` (None: that setting's worker default)
+VadOverrides = dict[str, int | None]
 #: workers the registry reports full that are still asked (their record may be stale)
 STALE_FULL_TRIES = 2
 
@@ -95,6 +98,12 @@ class WorkerSession:
         self._check_open()
         self._channel.end()
 
+    async def commit(self) -> None:
+        """End the utterance at the audio sent so far; a ``final`` with cut "commit"
+        answers it (the OpenAI Realtime API's ``input_audio_buffer.commit``)."""
+        self._check_open()
+        self._channel.commit()
+
     def _check_open(self) -> None:
         if self.closed:
             raise WorkerLost(f"the session on worker {self.worker_id} is closed")
@@ -121,7 +130,7 @@ class WorkerSession:
 
 async def _try_worker(
     app: web.Application, worker: WorkerInfo, *, session_id: str, sample_rate: int,
-    language: str,
+    language: str, vad: VadOverrides | None, prompt: str, temperature: float | None,
 ) -> WorkerSession | str:
     """A session on ``worker``, or the reason it refused (``overloaded``/``unreachable``)."""
     try:
@@ -130,7 +139,8 @@ async def _try_worker(
         log.warning("worker_unreachable", worker=worker.worker_id, session_id=session_id,
                     error=str(exc) or type(exc).__name__)
         return "unreachable"
-    channel = link.open(session_id=session_id, sample_rate=sample_rate, language=language)
+    channel = link.open(session_id=session_id, sample_rate=sample_rate, language=language,
+                        vad=vad, prompt=prompt, temperature=temperature)
     try:
         async with asyncio.timeout(app[SETTINGS].worker_connect_timeout_s):
             first = await channel.events.get()
@@ -165,15 +175,25 @@ def _next_worker(workers: list[WorkerInfo], tried: frozenset[str]) -> WorkerInfo
 
 
 async def open_worker_session(
-    app: web.Application, *, session_id: str, sample_rate: int, language: str
+    app: web.Application, *, session_id: str, sample_rate: int, language: str,
+    vad: VadOverrides | None = None, exclude: frozenset[str] = frozenset(),
+    prompt: str = "", temperature: float | None = None,
 ) -> WorkerSession:
-    """Open a session on the least-loaded live realtime worker with a free slot.
+    """Open a session on the least-loaded live realtime worker with a free slot, other
+    than the workers in ``exclude`` (a failover's recently lost ones: the registry lists a dead
+    worker until its heartbeat expires).
+
+    ``vad`` overrides the worker's VAD settings for this session (fields in
+    ``workers/validation.py``, ``VAD_FIELDS``; ``endpoint_silence_ms: None`` is
+    endpointing off). An empty ``language`` is detected by the engine; ``prompt`` and
+    ``temperature`` (None: the engine's default) condition its decoder.
 
     Raises ``NoWorkers`` when no realtime worker is alive or reachable and
     ``Overloaded`` when every live one is full or refused; both at once, never
     after waiting for a slot. Redis errors propagate (the caller maps them).
     """
-    workers = await list_workers(app[REDIS], "realtime")
+    workers = [w for w in await list_workers(app[REDIS], Lane.REALTIME)
+               if w.worker_id not in exclude]
     if not workers:
         raise NoWorkers("no realtime worker is alive")
     tried: set[str] = set()
@@ -181,7 +201,8 @@ async def open_worker_session(
     while (worker := _next_worker(workers, frozenset(tried))) is not None:
         tried.add(worker.worker_id)
         result = await _try_worker(app, worker, session_id=session_id,
-                                   sample_rate=sample_rate, language=language)
+                                   sample_rate=sample_rate, language=language, vad=vad,
+                                   prompt=prompt, temperature=temperature)
         if isinstance(result, WorkerSession):
             return result
         refusals.append(result)

@@ -26,6 +26,10 @@ import av.error
 
 from lanegate.constants import ENGINE_SAMPLE_RATE, SAMPLE_WIDTH
 
+#: the PCM sample rates a client may stream at (the worker resamples to 16 kHz)
+MIN_STREAM_SAMPLE_RATE = 8000
+MAX_STREAM_SAMPLE_RATE = 48000
+
 #: an upload's declared duration may exceed the limit by this factor (VBR
 #: estimates) before it is refused without decoding; samples decide otherwise
 DECLARED_SLACK = 1.05

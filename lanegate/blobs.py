@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 _ID = re.compile(r"^[0-9a-f]{32}$")
@@ -42,3 +44,24 @@ class BlobStore:
 
     def delete(self, blob_id: str) -> None:
         shutil.rmtree(self.dir(blob_id), ignore_errors=True)
+
+    def older_than(self, age_s: float, now: float | None = None) -> Iterator[str]:
+        """Ids of the blobs nothing was written to for ``age_s`` (by the newest mtime of
+        the blob's directory and files)."""
+        cutoff = (time.time() if now is None else now) - age_s
+        for shard in self.root.iterdir():
+            if not shard.is_dir():
+                continue
+            for blob in shard.iterdir():
+                if _ID.match(blob.name) and _newest_mtime(blob) < cutoff:
+                    yield blob.name
+
+
+def _newest_mtime(directory: Path) -> float:
+    try:
+        newest = directory.stat().st_mtime
+        for entry in directory.iterdir():
+            newest = max(newest, entry.stat().st_mtime)
+    except OSError:  # deleted meanwhile: not an orphan to sweep
+        return float("inf")
+    return newest

@@ -5,22 +5,26 @@ Buckets resolve both the 50 ms step budget and the 300 ms realtime red line.
 Who emits what (the dashboard and alerts in ``deploy/`` read exactly these):
 
 * realtime / mixed worker (``/metrics`` on its worker port): step duration, realtime
-  factor, active sessions, free slots, soft cuts, audio seconds, event-loop lag;
+  factor, active sessions, free slots, soft cuts, audio seconds, event-loop lag, and
+  the two that say whether a ``mixed`` pool would gain from the split: live stall
+  (how long live streams waited behind a long prefill) and long-prefill seconds
+  (``rate()`` of it is the share of the loop's wall time spent in long prefills);
 * batch worker (``/metrics`` on its worker port): step duration, realtime factor,
   soft cuts, audio seconds, job duration, queue wait, jobs ``completed``/``failed``;
 * gateway (``/metrics`` on its port): first-partial, partial and final latency,
-  rejections, jobs ``queued``/``cancelled``, open worker links, and, refreshed from
-  Redis at each scrape by ``refresh_cluster_gauges``, workers alive, queue depth and
-  oldest queued age.
+  rejections, stream failovers, jobs ``queued``/``cancelled``, open worker links, and,
+  set at each scrape by ``gateway.health`` from the registry and the queue, workers
+  alive, queue depth and oldest queued age.
 
 Call ``init_gateway_series()`` / ``init_worker_series(lane, worker)`` at start and
-serve ``metrics_view`` at ``GET /metrics``.
+serve ``metrics_view`` at ``GET /metrics``: lanegate's series first, then the Python
+runtime's (``process_*``, ``python_*``), which a reader looks at last.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
+import enum
+from collections.abc import Iterator
 
 from aiohttp import web
 from prometheus_client import (
@@ -31,9 +35,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from redis.exceptions import ResponseError
+from prometheus_client.metrics_core import Metric
 
-from lanegate.constants import JOB_GROUP, JOB_STREAM, LANES
+PREFIX = "lanegate_"
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
@@ -53,7 +57,6 @@ REJECTION_REASONS = (
     "unauthorized", "overloaded", "too_large", "bad_request", "timeout", "too_long", "undecodable",
 )
 SOFT_CUT_REASONS = ("endpoint", "max_window", "end")
-JOB_STATUSES = ("queued", "completed", "failed", "cancelled")
 
 # --- worker side ------------------------------------------------------------
 STEP_DURATION = Histogram(
@@ -95,6 +98,19 @@ JOBS = Counter(
     "lanegate_jobs_total", "Batch jobs reaching a status.", ["lane", "worker", "status"]
 )
 
+LIVE_STALL = Histogram(
+    "lanegate_live_stall_seconds",
+    "How long a live stream waited behind a long prefill (a whole upload decoded in a mixed "
+    "worker's loop): one observation per live stream in the loop while it ran.",
+    ["lane", "worker"], buckets=LATENCY_BUCKETS,
+)
+LONG_PREFILL_SECONDS = Counter(
+    "lanegate_long_prefill_seconds_total",
+    "Wall time a worker's loop spent in long prefills (uploads decoded in one piece in a "
+    "mixed worker); its rate is the share of wall time.",
+    ["lane", "worker"],
+)
+
 # --- gateway side -------------------------------------------------------------
 FIRST_PARTIAL = Histogram(
     "lanegate_first_partial_seconds", "Session start to the first partial sent.",
@@ -124,6 +140,20 @@ REJECTIONS = Counter(
 )
 
 
+class FailoverOutcome(enum.Enum):
+    """How moving a live stream off a lost worker ended."""
+
+    OK = "ok"  # another worker took it; the client saw no error
+    NO_WORKER = "no_worker"  # no live worker had a free slot: ``worker_lost`` (1011)
+    FAILED = "failed"  # Redis down, or the new worker refused or broke: ``worker_lost``
+
+
+FAILOVERS = Counter(
+    "lanegate_failovers_total",
+    "Live streams moved off a lost worker (gateway side), by outcome.", ["lane", "outcome"],
+)
+
+
 # --- helpers ------------------------------------------------------------------------
 
 
@@ -135,6 +165,8 @@ def init_gateway_series(lanes: tuple[str, ...] = ("realtime", "batch")) -> None:
     for status in ("queued", "cancelled"):
         JOBS.labels(lane="batch", worker="", status=status)
     GATEWAY_WORKER_LINKS.labels(lane="realtime")
+    for outcome in FailoverOutcome:
+        FAILOVERS.labels(lane="realtime", outcome=outcome.value)
 
 
 def init_worker_series(lane: str, worker: str) -> None:
@@ -148,73 +180,33 @@ def init_worker_series(lane: str, worker: str) -> None:
     else:
         ACTIVE_SESSIONS.labels(lane=lane, worker=worker)
         FREE_SLOTS.labels(lane=lane, worker=worker)
+        LIVE_STALL.labels(lane=lane, worker=worker)
+        LONG_PREFILL_SECONDS.labels(lane=lane, worker=worker)
 
 
-_XRANGE_CAP = 10_000
+def record_long_prefill(labels: dict[str, str], seconds: float, live_streams: int) -> None:
+    """A long prefill of ``seconds`` ran in a worker's loop while ``live_streams`` live
+    streams waited for their next step."""
+    LONG_PREFILL_SECONDS.labels(**labels).inc(seconds)
+    stall = LIVE_STALL.labels(**labels)
+    for _ in range(live_streams):
+        stall.observe(seconds)
 
 
-def _str(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+class LanegateFirst:
+    """The default registry with lanegate's families ahead of the runtime's."""
+
+    def collect(self) -> Iterator[Metric]:
+        families = list(REGISTRY.collect())
+        yield from (f for f in families if f.name.startswith(PREFIX))
+        yield from (f for f in families if not f.name.startswith(PREFIX))
 
 
-def _id_ms(entry_id: object) -> int:
-    return int(_str(entry_id).split("-", 1)[0])
-
-
-async def refresh_cluster_gauges(redis: Any, now: float | None = None) -> None:
-    """Set ``lanegate_workers``, ``lanegate_queue_depth`` and
-    ``lanegate_queue_oldest_age_seconds`` from Redis (the gateway calls this before
-    rendering ``/metrics``; a few Redis round trips per scrape).
-
-    Queue depth is the consumer group's undelivered entries plus its pending
-    (delivered, not acknowledged) entries; the oldest age comes from the stream
-    entry ids, which are millisecond timestamps of the XADD.
-    """
-    from workers.registry import list_workers  # lazy: workers imports lanegate
-
-    now_ms = (time.time() if now is None else now) * 1000.0
-    counts = dict.fromkeys(LANES, 0)
-    for info in await list_workers(redis, "realtime") + await list_workers(redis, "batch"):
-        if info.lane in counts:
-            counts[info.lane] += 1
-    for lane, n in counts.items():
-        WORKERS.labels(lane=lane).set(n)
-
-    depth = 0
-    oldest_ms: int | None = None
-    try:
-        groups = await redis.xinfo_groups(JOB_STREAM)
-    except ResponseError:  # no stream yet
-        groups = []
-    for group in groups:
-        if _str(group.get("name", "")) != JOB_GROUP:
-            continue
-        pending = int(group.get("pending") or 0)
-        last = _str(group.get("last-delivered-id") or "0-0")
-        undelivered = await redis.xrange(
-            JOB_STREAM, min="(" + last, max="+", count=_XRANGE_CAP
-        )
-        # Counted, not the group's `lag`: finished entries are XDELed, and Redis's lag
-        # estimate can still include deleted entries. Beyond the cap, lag is the estimate.
-        lag = group.get("lag")
-        waiting = len(undelivered)
-        if waiting >= _XRANGE_CAP and lag is not None:
-            waiting = max(waiting, int(lag))
-        depth = pending + waiting
-        if undelivered:
-            oldest_ms = _id_ms(undelivered[0][0])
-        if pending:
-            summary = await redis.xpending(JOB_STREAM, JOB_GROUP)
-            if summary.get("min"):
-                first = _id_ms(summary["min"])
-                oldest_ms = first if oldest_ms is None else min(oldest_ms, first)
-    QUEUE_DEPTH.labels(lane="batch").set(depth)
-    QUEUE_OLDEST_AGE.labels(lane="batch").set(
-        0.0 if oldest_ms is None else max(0.0, (now_ms - oldest_ms) / 1000.0)
-    )
+def render() -> bytes:
+    """The text exposition of every series, lanegate's first."""
+    return generate_latest(LanegateFirst())
 
 
 async def metrics_view(request: web.Request) -> web.Response:
-    """aiohttp handler for ``GET /metrics`` (the default registry, text format)."""
-    return web.Response(body=generate_latest(REGISTRY),
-                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """aiohttp handler for ``GET /metrics`` (text format, lanegate's series first)."""
+    return web.Response(body=render(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,4 +1,5 @@
 """One settings object for every process.
+(Over 400 lines: one field per setting, each with its documented default.)
 
 Every field has an environment variable ``LANEGATE_<NAME>`` and a documented
 default; fields marked ``cli`` also get a ``--name`` flag. ``lanegate settings
@@ -9,12 +10,42 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from enum import Enum, StrEnum
 from typing import Any
 
+from lanegate.redis_url import RedisUrlError, parse_redis_url
+
 ENV_PREFIX = "LANEGATE_"
+
+
+class EngineName(StrEnum):
+    WHISPER = "whisper"
+    POCKETSPHINX = "pocketsphinx"
+    SIMULATED = "simulated"
+
+
+class Device(StrEnum):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class ComputeType(StrEnum):
+    """CTranslate2's compute types; AUTO: int8 on CPU, float16 on CUDA."""
+
+    AUTO = "auto"
+    INT8 = "int8"
+    INT8_FLOAT16 = "int8_float16"
+    INT8_FLOAT32 = "int8_float32"
+    INT8_BFLOAT16 = "int8_bfloat16"
+    INT16 = "int16"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
 
 
 def _s(default: Any, doc: str, *, cli: bool = False) -> Any:
@@ -27,7 +58,9 @@ class Settings:
     host: str = _s("127.0.0.1", "Address the gateway binds to.", cli=True)
     port: int = _s(8080, "Gateway port.", cli=True)
     redis_url: str = _s(
-        "", "Redis URL. Empty: `lanegate up` starts its own redis-server child.", cli=True
+        "", "Redis URL: `redis://[:password@]host:port/db`, or through Sentinel "
+        "`redis+sentinel://[:password@]host:port[,host:port]/service_name[/db]`. "
+        "Empty: `lanegate up` starts its own redis-server child.", cli=True
     )
     data_dir: str = _s(
         "~/.lanegate", "Directory for the embedded redis data and the blob store.", cli=True
@@ -36,7 +69,15 @@ class Settings:
     api_keys: str = _s(
         "", "Comma-separated API keys. Empty: auth is off (a warning is logged at start)."
     )
+    allow_anonymous: bool = _s(
+        False, "Let the gateway start with auth off (no API_KEYS) on an address other than "
+        "loopback. Off: such a start is refused with an error (exit 2)."
+    )
     log_level: str = _s("info", "Log level: debug, info, warning, error.", cli=True)
+    log_format: str = _s(
+        "auto", "Log lines: `console` (readable), `json`, or `auto`: console when stderr is "
+        "a terminal, JSON otherwise.", cli=True
+    )
     event_loop: str = _s(
         "uvloop", "Event loop of the gateway and workers: `uvloop` (less CPU per socket "
         "operation) or `asyncio` (the standard library's)."
@@ -47,9 +88,21 @@ class Settings:
         "(one worker serves both in one loop, no chunk cap; for comparison).",
         cli=True,
     )
-    engine: str = _s("pocketsphinx", "Engine: `pocketsphinx` or `simulated`.", cli=True)
+    engine: EngineName = _s(
+        EngineName.WHISPER, "Engine of both lanes: `whisper` (faster-whisper on CTranslate2), "
+        "`pocketsphinx` (light, English only) or `simulated` (a GPU cost model).", cli=True)
     worker_id: str = _s("", "Worker id in the registry. Empty: host-pid.")
     pin_cpus: bool = _s(True, "`lanegate up`: pin the workers to disjoint CPU sets.")
+    redis_appendfsync: str = _s(
+        "everysec", "`lanegate up`'s redis-server `appendfsync`: `everysec` (an OS crash or "
+        "power loss can lose the last second or two of writes), `always` (fsync every write: "
+        "nothing acknowledged is lost, slower) or `no` (the OS decides when; up to ~30 s)."
+    )
+    realtime_workers: int = _s(
+        1, "`lanegate up`: realtime worker processes to start (each with its own id and "
+        "port; pinned, they split the realtime CPU half when it has a core for each).",
+        cli=True,
+    )
 
     # --- realtime lane ---------------------------------------------------
     worker_host: str = _s("127.0.0.1", "Address a worker binds its internal server to.")
@@ -59,6 +112,10 @@ class Settings:
     )
     slots: int = _s(8, "Decoder slots (concurrent sessions) per realtime worker.", cli=True)
     max_chunk_ms: int = _s(200, "Most audio one session contributes to one step.")
+    partial_interval_ms: int = _s(
+        100, "Least time between two partials of one stream; a partial goes out only when "
+        "its text changed. Finals are never delayed."
+    )
     step_budget_ms: float = _s(50.0, "Estimated compute at which a step stops adding work.")
     chunk_cap: bool = _s(
         True, "Cap chunks and steps (capped chunked prefill). false: the `split-nocap` design."
@@ -67,16 +124,95 @@ class Settings:
     heartbeat_s: float = _s(1.0, "Worker heartbeat period into Redis.")
     heartbeat_ttl_s: float = _s(3.0, "A worker whose heartbeat is older than this is gone.")
     drain_timeout_s: float = _s(10.0, "On SIGTERM, how long active sessions may finish.")
+    link_timeout_s: float = _s(
+        10.0, "A worker frees every slot of a gateway it has not heard from for this long "
+        "(link or session socket), and a gateway declares a silent worker lost within it "
+        "(WORKER_LOST_TIMEOUT_S if shorter)."
+    )
+    step_stall_s: float = _s(
+        10.0, "A realtime step running longer than this means a hung engine: the worker "
+        "leaves the registry, answers /readyz 503 and exits for its supervisor to restart."
+    )
+    max_undecoded_s: float = _s(
+        120.0, "Most audio one session may have buffered ahead of its decoder at a worker; a "
+        "client sending faster than real time for longer gets `overloaded` (close 1013), "
+        "its session alone. Keep it above SYNC_MAX_SECONDS (short uploads arrive at once)."
+    )
+    max_arrival_log: int = _s(
+        20000, "Most entries in one session's arrival log at a worker (one per piece of "
+        "audio that arrived after a pause); past it the session gets `overloaded` (1013)."
+    )
+    internal_token: str = _s(
+        "", "Shared secret of a deployment's gateways and realtime workers: the gateway sends "
+        "it on `/internal/v1/*`, a worker refuses (401) a request without it. Empty: not "
+        "checked, and a worker refuses to start on a non-loopback WORKER_HOST. `lanegate up` "
+        "generates one for its children."
+    )
 
     # --- gateway limits --------------------------------------------------
     max_frame_bytes: int = _s(1_048_576, "Largest binary frame on /v1/stream (close 1009).")
     max_session_s: float = _s(3600.0, "Longest audio one stream session may send.")
     idle_timeout_s: float = _s(30.0, "A stream with no audio for this long is closed.")
-    max_sessions_per_key: int = _s(16, "Concurrent stream sessions per API key.")
+    max_session_wall_s: float = _s(
+        7200.0, "Longest a stream may stay open, in wall-clock time, however little audio it "
+        "sends (close 1008 `timeout`, after its last finals)."
+    )
+    min_realtime_ratio: float = _s(
+        0.5, "A stream whose audio stays below this fraction of its wall time for longer than "
+        "IDLE_TIMEOUT_S (audio < ratio x (open time - IDLE_TIMEOUT_S)) is closed `timeout`: "
+        "a trickle of tiny frames cannot hold a slot. 0: off."
+    )
+    max_sessions_per_key: int = _s(
+        16, "Concurrent realtime sessions (streams and short uploads) per API key; with auth "
+        "off, per client address. 0: no absolute cap."
+    )
+    max_key_share: float = _s(
+        0.5, "Most of the live realtime slots (all workers' slots in the registry) one API key "
+        "(or, with auth off, one client address) may hold at once, combined with "
+        "MAX_SESSIONS_PER_KEY (the lower wins; at least 1). 0 or 1: no share limit."
+    )
+    body_read_timeout_s: float = _s(
+        30.0, "Longest wait for the next bytes of a request body; a body that trickles slower "
+        "is refused 408 `timeout` and its partial upload deleted."
+    )
+    max_form_parts: int = _s(
+        32, "Most parts in one multipart upload (the file and the option fields); more is 400 "
+        "`too_many_parts`."
+    )
+    max_field_bytes: int = _s(
+        8192, "Largest text form field of an upload (400 `field_too_long`). Every byte of a "
+        "multipart body (boundaries, part headers, empty values) also counts against "
+        "MAX_UPLOAD_BYTES."
+    )
+    upload_threads: int = _s(
+        4, "Threads of the gateway's own pool for upload decoding, blob writes and webhook "
+        "address lookups, so uploads never take the threads live streams use."
+    )
+    min_free_disk: str = _s(
+        "1%", "Free space the blob directory's filesystem keeps: new uploads are refused 507 "
+        "`insufficient_storage` below it. Bytes (`5000000000`) or a percentage (`5%`). "
+        "`0`: off."
+    )
+    metrics_cache_s: float = _s(
+        2.0, "How long the gateway's cluster gauges (workers, queue depth, oldest job age) are "
+        "reused between `/metrics` scrapes before Redis is read again."
+    )
+    max_channel_events: int = _s(
+        1000, "Most worker events the gateway holds for one stream whose client reads them "
+        "too slowly; past it the stream ends with `overloaded` (1013) and its worker "
+        "session is abandoned."
+    )
     worker_lost_timeout_s: float = _s(2.0, "A silent worker connection is lost after this.")
     worker_connect_timeout_s: float = _s(
         5.0, "Opening a session on a worker (connect + `accepted`) may take this long before "
         "the gateway tries the next worker."
+    )
+    failover_buffer_s: float = _s(
+        40.0, "Audio the gateway keeps per stream since its last final, replayed to another "
+        "worker when the stream's worker is lost (transparent failover). The soft cut keeps "
+        "speech under MAX_WINDOW_S; past this bound (long silence, a worker far behind) the "
+        "oldest audio is dropped, and its words may be missing after a failover. 0: no "
+        "failover (a lost worker ends its streams with `worker_lost`)."
     )
     mixed_lost_timeout_s: float = _s(
         30.0, "`worker_lost_timeout_s` for a `mixed` worker, which cannot answer pings while "
@@ -86,9 +222,32 @@ class Settings:
         30.0, "TTL of a stream's entry in the per-key session count in Redis (refreshed "
         "while the stream lives; frees the count if a gateway dies)."
     )
+    gateway_lease_s: float = _s(
+        3.0, "TTL of a gateway's heartbeat in Redis (refreshed every third of it): the "
+        "per-key session count forgets the streams of a gateway that died (SIGKILL, lost "
+        "host) this long after, so its clients' reconnects are admitted."
+    )
     start_timeout_s: float = _s(90.0, "`lanegate up`: how long the children may take to be ready.")
     stop_timeout_s: float = _s(
         15.0, "`lanegate up`: after SIGTERM, how long a child may take before SIGKILL."
+    )
+
+    # --- status page (GET /status) ----------------------------------------
+    status_window_s: float = _s(
+        30.0, "The status page's percentiles, shares and verdict cover this many recent "
+        "seconds (since the gateway started, until it has watched that long)."
+    )
+    status_sample_s: float = _s(
+        2.0, "The status page polls this often; the gateway samples its sources (its own "
+        "metrics, each worker's /metrics, the registry, the queue) at most this often."
+    )
+    status_history: int = _s(150, "Samples kept for the status page's charts.")
+    status_red_line_ms: float = _s(
+        300.0, "The realtime red line: live partial p99 above it while long uploads run "
+        "means a `mixed` pool would gain from the split."
+    )
+    status_scrape_timeout_s: float = _s(
+        1.0, "How long the status page waits for one worker's /metrics."
     )
 
     # --- batch lane ------------------------------------------------------
@@ -103,7 +262,28 @@ class Settings:
     claim_idle_s: float = _s(60.0, "A job entry idle this long in a dead worker is reclaimed.")
     max_attempts: int = _s(3, "Deliveries of a job before it goes to the dead-letter stream.")
     batch_max_jobs: int = _s(8, "Most jobs one batch worker holds (and batches across) at once.")
+    batch_fair_window: int = _s(
+        4, "Fair scheduling across API keys: most undelivered jobs on the job stream; the "
+        "others wait in their key's own queue and join the stream one key at a time, "
+        "round-robin. Smaller is fairer; at least 1."
+    )
+    max_queued_jobs_per_key: int = _s(
+        1000, "Unfinished (queued or processing) batch jobs one API key may have; more are "
+        "refused 429 with Retry-After. 0: no limit."
+    )
+    max_queued_audio_hours_per_key: float = _s(
+        100.0, "Audio hours of one API key's unfinished batch jobs; a job that would pass it "
+        "is refused 429 with Retry-After. 0: no limit."
+    )
     job_ttl_s: float = _s(7 * 86400.0, "How long finished jobs and results are kept.")
+    blob_sweep_interval_s: float = _s(
+        600.0, "How often a batch worker sweeps orphaned audio blobs (a gateway that died "
+        "before submit, jobs skipped or lost); one worker per interval. 0: never."
+    )
+    blob_sweep_min_age_s: float = _s(
+        3600.0, "A blob is swept only when nothing was written to it for this long and no "
+        "queued or processing job has its id. Keep it above the longest upload."
+    )
     idempotency_ttl_s: float = _s(86400.0, "How long an Idempotency-Key maps to its job.")
     wait_base_s: float = _s(
         30.0, "A request waiting for its transcript (a short upload on the realtime lane, an "
@@ -111,7 +291,18 @@ class Settings:
         "WAIT_PER_AUDIO_S x audio seconds (504).",
     )
     wait_per_audio_s: float = _s(2.0, "Seconds of waiting allowed per audio second (504).")
-    webhook_secret: str = _s("", "HMAC-SHA256 key for X-Lanegate-Signature on webhooks.")
+    webhook_secret: str = _s(
+        "", "HMAC-SHA256 key for X-Lanegate-Signature on webhooks. Empty: webhooks are off "
+        "(a job with `webhook_url` is refused 400 `webhooks_disabled`; nothing is sent unsigned)."
+    )
+    webhook_allow_private: bool = _s(
+        False, "Let webhook URLs resolve to loopback and private (RFC 1918, CGNAT, IPv6 ULA) "
+        "addresses, for internal receivers and tests. Link-local (cloud metadata), multicast, "
+        "reserved and unspecified addresses are refused regardless."
+    )
+    webhook_max_response_bytes: int = _s(
+        16384, "Most bytes of a webhook receiver's response body read; the rest is dropped."
+    )
     webhook_max_attempts: int = _s(8, "Webhook delivery attempts before giving up.")
     webhook_backoff_s: float = _s(1.0, "First webhook retry delay; doubles each attempt.")
     webhook_timeout_s: float = _s(10.0, "Timeout of one webhook POST.")
@@ -135,14 +326,62 @@ class Settings:
         False, "pocketsphinx second pass at the end of each realtime utterance (about "
         "25 ms per audio second in one call; the batch decoder always runs it).",
     )
+    whisper_model: str = _s(
+        "base", "Whisper model: a bundled name (`base`; see `lanegate models`) or a "
+        "CTranslate2 Whisper directory. Nothing is downloaded.", cli=True)
+    device: Device = _s(Device.AUTO, "Whisper device: `auto` (CUDA if a GPU is visible), "
+                        "`cpu` or `cuda`.", cli=True)
+    compute_type: ComputeType = _s(
+        ComputeType.AUTO, "Whisper compute type (CTranslate2's: `int8`, `int8_float16`, "
+        "`int8_float32`, `int8_bfloat16`, `int16`, `float16`, `bfloat16`, `float32`). "
+        "`auto`: `int8` on CPU, `float16` on CUDA.")
+    cpu_threads: int = _s(0, "Whisper threads on CPU. 0: the CPUs this process may run on "
+                          "(its lane's CPU set).")
+    beam_size: int = _s(1, "Whisper beam size (1: greedy, the fastest).")
+    whisper_batch_size: int = _s(8, "Batch lane: segments decoded in one Whisper call.")
+    whisper_pad_ms: int = _s(
+        500, "Trailing silence encoded after a segment: with less the decoder more often "
+        "says the sentence again; more costs encoder time (figures in docs/ARCHITECTURE.md).")
+    whisper_step_budget_ms: float = _s(
+        1000.0, "`step_budget_ms` for Whisper: a step's estimated encoder + decoder time, "
+        "at which it stops adding sessions (a step always holds one).")
+    whisper_tokens_per_s: float = _s(
+        5.0, "Most tokens Whisper generates per audio second (+8) in one decode (speech takes "
+        "3-4; a decoder looping on noise stops there).")
+    no_speech_threshold: float = _s(
+        0.6, "Whisper: a decode whose no-speech probability is above this gives no text if "
+        "its average token log-probability is also below LOGPROB_THRESHOLD / 2.")
+    logprob_threshold: float = _s(
+        -1.4, "Whisper: a decode whose average token log-probability is below this gives no "
+        "text (brown noise decodes near -1.9, espeak-ng English above -0.5, its Spanish "
+        "near -1.0).")
+    compression_ratio_threshold: float = _s(
+        3.0, "Whisper: text that compresses (zlib) by more than this is a decoder loop, "
+        "not speech, and is dropped (a 23 s segment saying sentences twice: up to 2.7).")
+    whisper_commit_margin_ms: int = _s(
+        500, "Realtime Whisper: a word is committed (shown in partials, forced as the "
+        "decoder prefix) only if it ends this far before the end of the audio so far.")
     sim_step_fixed_ms: float = _s(3.0, "Simulated engine: fixed cost per step (ms).")
     sim_prefill_frame_ms: float = _s(0.02, "Simulated engine: cost per 10 ms audio frame (ms).")
     sim_decode_seq_ms: float = _s(0.05, "Simulated engine: cost per sequence in a step (ms).")
     sim_busy_wait: bool = _s(
         False, "Simulated engine: spin (holding the GIL, like a CPU engine) instead of sleeping."
     )
+    sim_fail_on: str = _s(
+        "", "Simulated engine, fault injection for tests: a batch decode of audio whose "
+        "made-up transcript contains this word raises `SimulatedFault`, as a real engine "
+        "that chokes on one input would. Empty: never."
+    )
+    sim_fail_exit: bool = _s(
+        False, "Simulated engine, fault injection for tests: on SIM_FAIL_ON, end the process "
+        "at once (exit 70, no clean-up), as a native engine that crashes would."
+    )
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            if isinstance(f.default, Enum):
+                object.__setattr__(self, f.name, _as_enum(f.name, type(f.default),
+                                                          getattr(self, f.name)))
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise SettingsError(
@@ -151,8 +390,36 @@ class Settings:
                 )
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0 \
+                    and f.name not in _SIGNED:
                 raise SettingsError(f"{ENV_PREFIX}{f.name.upper()}={value!r} must not be negative")
+        for name in ("realtime_workers", "link_timeout_s", "step_stall_s", "gateway_lease_s"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{ENV_PREFIX}{name.upper()}={getattr(self, name)!r} "
+                                    "must be positive")
+        if self.redis_url:
+            try:
+                parse_redis_url(self.redis_url)
+            except RedisUrlError as exc:
+                raise SettingsError(f"{ENV_PREFIX}REDIS_URL: {exc}") from None
+        self.free_disk_floor(0)  # raises for a malformed MIN_FREE_DISK
+
+    def free_disk_floor(self, total_bytes: int) -> int:
+        """The bytes ``min_free_disk`` keeps free on a filesystem of ``total_bytes``."""
+        raw = self.min_free_disk.strip()
+        try:
+            if raw.endswith("%"):
+                share = float(raw[:-1])
+                if not 0.0 <= share <= 100.0:
+                    raise ValueError(raw)
+                return int(total_bytes * share / 100.0)
+            floor = int(raw)
+            if floor < 0:
+                raise ValueError(raw)
+            return floor
+        except ValueError:
+            raise SettingsError(f"{ENV_PREFIX}MIN_FREE_DISK={self.min_free_disk!r}: use a byte "
+                                "count (5000000000) or a percentage (5%)") from None
 
     @property
     def api_key_set(self) -> frozenset[str]:
@@ -200,15 +467,41 @@ class SettingsError(ValueError):
     """A setting has a value that cannot be used."""
 
 
+class Appendfsync(enum.StrEnum):
+    """Redis ``appendfsync``: when the AOF reaches the disk."""
+
+    EVERYSEC = "everysec"
+    ALWAYS = "always"
+    NO = "no"
+
+#: fields that may be negative (a log-probability)
+_SIGNED = frozenset({"logprob_threshold"})
+
 _CHOICES: dict[str, tuple[str, ...]] = {
+    "redis_appendfsync": tuple(a.value for a in Appendfsync),
     "lanes": ("split", "mixed"),
-    "engine": ("pocketsphinx", "simulated"),
     "log_level": ("debug", "info", "warning", "error"),
+    "log_format": ("auto", "console", "json"),
     "event_loop": ("uvloop", "asyncio"),
 }
 
 
+def _as_enum(name: str, kind: type[Enum], value: Any) -> Enum:
+    try:
+        return kind(value)
+    except ValueError:
+        raise SettingsError(
+            f"{ENV_PREFIX}{name.upper()}={value!r}: use one of "
+            f"{', '.join(str(m.value) for m in kind)}") from None
+
+
 def parse_value(name: str, kind: type, raw: str) -> Any:
+    if issubclass(kind, Enum):
+        return _as_enum(name, kind, raw.strip())
+    return _parse_plain(name, kind, raw)
+
+
+def _parse_plain(name: str, kind: Any, raw: str) -> Any:
     try:
         if kind is bool:
             lowered = raw.strip().lower()
@@ -243,7 +536,15 @@ def add_cli_flags(parser: argparse.ArgumentParser, names: Sequence[str] | None =
         if kind is bool:
             parser.add_argument(
                 flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
-                help=f"{f.metadata['doc']} (env {ENV_PREFIX}{f.name.upper()})",
+                help=f"{f.metadata['doc']} Default: {f.default!r}. "
+                f"(env {ENV_PREFIX}{f.name.upper()})",
+            )
+        elif isinstance(f.default, Enum):
+            values = [str(m.value) for m in type(f.default)]
+            parser.add_argument(
+                flag, dest=f.name, default=None, type=str, metavar="{" + ",".join(values) + "}",
+                help=f"{f.metadata['doc']} Default: {f.default.value}. "
+                f"(env {ENV_PREFIX}{f.name.upper()})",
             )
         else:
             parser.add_argument(

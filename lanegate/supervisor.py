@@ -1,20 +1,24 @@
 """``lanegate up``: the embedded deployment in one command.
+(Over 400 lines: starting, watching and stopping the children in order is one job.)
 
 Starts, in order: a ``redis-server`` child (unless ``redis_url`` is set) on a
-free loopback port with AOF on, its data and log under ``DATA_DIR/redis``; the
-gateway; one realtime worker and one batch worker (one ``mixed`` worker
+free loopback port with AOF on (``appendfsync`` from ``redis_appendfsync``), its
+data and log under ``DATA_DIR/redis``; the
+gateway; ``realtime_workers`` realtime workers (default 1) and one batch
+worker (one ``mixed`` worker
 instead when ``lanes = mixed``). Each child is ``sys.executable -m
 lanegate.cli <command>`` with the settings passed as ``LANEGATE_*``
 environment variables, in its own process group (so a terminal's Ctrl-C
 reaches only the supervisor, which then stops the children in order).
 
 CPU pinning (``pin_cpus``, on by default, needs two or more usable cores): the
-usable CPUs are split in two halves. The realtime worker gets the first half
-and the batch worker the second, the software analogue of giving each lane its
-own GPUs. The gateway and Redis share the realtime half: they are on the
-realtime path (every stream frame crosses the gateway, every session open reads
-the registry), so a long batch decode must not delay them either. A mixed
-worker is not pinned. Children inherit the mask at start.
+usable CPUs are split in two halves. The realtime workers get the first half
+(split between them when it has a core for each) and the batch worker the
+second, the software analogue of giving each lane its own GPUs. The gateway and
+Redis share the realtime half: they are on the realtime path (every stream
+frame crosses the gateway, every session open reads the registry), so a long
+batch decode must not delay them either. A mixed worker is not pinned. Children
+inherit the mask at start.
 
 Readiness: ``up`` waits until the gateway's ``/readyz`` answers 200 (Redis up
 and a realtime worker registered) within ``start_timeout_s``, then prints the
@@ -22,8 +26,10 @@ URLs. A child that exits during start is fatal: a clear message, every other
 child stopped, exit 1. After start a child that exits is restarted with
 exponential backoff (1 s doubling to 30 s; reset after 60 s of good running),
 and each restart is logged. SIGINT / SIGTERM stop the workers first (they drain
-their sessions), then the gateway, then Redis: SIGTERM, then SIGKILL after
-``stop_timeout_s``; exit 0.
+their sessions and hand their jobs back), then the gateway, then Redis: SIGTERM,
+then SIGKILL after ``stop_timeout_s``; exit 0. If the supervisor itself dies
+(SIGKILL), a ``DeathWatch`` process (``lanegate/deathwatch.py``) that it started
+first sees its pipe close and stops the children in the same order.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,8 +49,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
+from lanegate.deathwatch import DeathWatch
 from lanegate.logs import configure_logging, get_logger
 from lanegate.settings import Settings, from_args
 
@@ -53,6 +63,8 @@ BACKOFF_MAX_S = 30.0
 #: a child that ran this long before exiting is restarted after BACKOFF_FIRST_S again
 STABLE_AFTER_S = 60.0
 POLL_S = 0.2
+#: the banner's one read of the gateway's /status.json
+STATUS_TIMEOUT_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -60,9 +72,12 @@ class StartError(RuntimeError):
     """A child could not be started or died during start."""
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: its own process group and SIGTERM if ``up`` dies."""
+def _own_group(die_with_parent: bool) -> None:
+    """In the child, before exec: its own process group; and SIGTERM if the parent
+    dies, for children that no ``DeathWatch`` stops in order."""
     os.setpgrp()
+    if not die_with_parent:
+        return
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -76,6 +91,9 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     cpus: frozenset[int] | None = None
+    #: stdout and stderr go here (appended) when set; else they are the supervisor's
+    log: Path | None = None
+    cwd: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     restarts: int = 0
@@ -84,16 +102,23 @@ class Child:
     stop_order: int = 0
     #: when set, ``up`` waits for it before starting the next child
     ready: Callable[[], bool] | None = None
+    #: SIGTERM at the parent's death (PR_SET_PDEATHSIG); off under a ``DeathWatch``
+    die_with_parent: bool = True
 
     def start(self) -> None:
         cpus = self.cpus
+        die_with_parent = self.die_with_parent
 
         def preexec() -> None:
-            _die_with_parent()
+            _own_group(die_with_parent)
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=preexec)
+        with contextlib.ExitStack() as files:
+            out = files.enter_context(self.log.open("ab")) if self.log else None
+            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=out,
+                                         stderr=subprocess.STDOUT if out else None,
+                                         preexec_fn=preexec)
         self.started_at = time.monotonic()
         self.restart_at = None
         log.info("child_start", child=self.name, pid=self.proc.pid,
@@ -105,6 +130,13 @@ class Child:
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
+
+    def tail(self, lines: int = 25) -> str:
+        """The end of the child's log file ("" without one)."""
+        if self.log is None or not self.log.exists():
+            return ""
+        text = "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return f"--- {self.name} (exit {self.exit_code()}, {self.log}) ---\n{text}"
 
     def signal(self, sig: int) -> None:
         if self.running:
@@ -123,6 +155,7 @@ class Supervisor:
     stop_timeout_s: float = 15.0
     on_ready: Callable[[], None] = lambda: None
     stopping: bool = field(default=False, init=False)
+    _watch: DeathWatch | None = field(default=None, init=False)
 
     def request_stop(self, signum: int, frame: FrameType | None = None) -> None:
         if not self.stopping:
@@ -132,6 +165,10 @@ class Supervisor:
     def run(self) -> int:
         """Start, wait until ready, supervise until stopped; the exit code."""
         old = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        # If this process dies (SIGKILL, OOM), the watch stops the children in order.
+        self._watch = DeathWatch(self.stop_timeout_s)
+        for child in self.children:
+            child.die_with_parent = False
         try:
             try:
                 self.start_all()
@@ -148,8 +185,14 @@ class Supervisor:
             self.stop_all()
             return 0
         finally:
+            self._watch.close(stopped=not any(c.running for c in self.children))
+            self._watch = None
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+
+    def _started(self, child: Child) -> None:
+        if self._watch is not None and child.proc is not None:
+            self._watch.announce(child.name, child.stop_order, child.proc.pid)
 
     def start_all(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -158,6 +201,7 @@ class Supervisor:
                 child.start()
             except OSError as exc:
                 raise StartError(f"cannot start {child.name}: {exc}") from exc
+            self._started(child)
             if child.ready is not None:
                 self._wait(child.ready, deadline, child.name)
         self._wait(self.ready, deadline, "the service")
@@ -170,7 +214,8 @@ class Supervisor:
                 return
             if time.monotonic() > deadline:
                 raise StartError(f"{what} not ready after {self.start_timeout_s:g} s "
-                                 "(start_timeout_s); see the children's logs above")
+                                 "(start_timeout_s); see the children's logs above"
+                                 + self.log_tails())
             time.sleep(POLL_S)
 
     def _check_start(self) -> None:
@@ -180,7 +225,12 @@ class Supervisor:
             code = child.exit_code()
             if code is not None:
                 raise StartError(f"{child.name} exited with code {code} during start; "
-                                 "see its log above")
+                                 "see its log above" + self.log_tails())
+
+    def log_tails(self) -> str:
+        """The log tails of the children that log to files (a newline first), or ""."""
+        tails = [t for t in (c.tail() for c in self.children) if t]
+        return "".join("\n" + t for t in tails)
 
     def supervise(self) -> None:
         while not self.stopping:
@@ -198,6 +248,8 @@ class Supervisor:
                 except OSError as exc:
                     log.error("child_restart_failed", child=child.name, error=str(exc))
                     self._schedule_restart(child, now)
+                else:
+                    self._started(child)
             return
         code = child.exit_code()
         if code is None:
@@ -250,7 +302,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _lanegate(*args: str) -> list[str]:
+def lanegate_argv(*args: str) -> list[str]:
+    """The command line of a ``lanegate`` child: this interpreter, the CLI, ``args``."""
     return [sys.executable, "-m", "lanegate.cli", *args]
 
 
@@ -258,7 +311,7 @@ def redis_child(settings: Settings, port: int, cpus: frozenset[int] | None) -> C
     data = os.path.join(settings.data_path, "redis")
     os.makedirs(data, exist_ok=True)
     argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", data,
-            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+            "--appendonly", "yes", "--appendfsync", settings.redis_appendfsync, "--save", "",
             "--protected-mode", "no", "--loglevel", "warning",
             "--logfile", os.path.join(data, "redis.log")]
     return Child("redis", argv, dict(os.environ), cpus=cpus, stop_order=2,
@@ -269,20 +322,53 @@ def build_children(settings: Settings) -> tuple[list[Child], Settings]:
     """The children of ``lanegate up`` and the settings they run with."""
     rt_cpus, batch_cpus = cpu_split(settings)
     children: list[Child] = []
+    if not settings.internal_token:  # the gateway and workers of this `up` share it
+        settings = settings.replace(internal_token=secrets.token_urlsafe(32))
     if not settings.redis_url:
         port = free_port()
         settings = settings.replace(redis_url=f"redis://127.0.0.1:{port}/0")
         children.append(redis_child(settings, port, rt_cpus))
     env = {**os.environ, **settings.to_env()}
-    children.append(Child("gateway", _lanegate("gateway"), env, cpus=rt_cpus, stop_order=1))
+    children.append(Child("gateway", lanegate_argv("gateway"), env, cpus=rt_cpus, stop_order=1))
     if settings.lanes == "mixed":
-        children.append(Child("worker-mixed", _lanegate("worker", "--lane", "mixed"), env))
+        children.append(Child("worker-mixed", lanegate_argv("worker", "--lane", "mixed"), env))
     else:
-        children.append(Child("worker-realtime", _lanegate("worker", "--lane", "realtime"),
-                              env, cpus=rt_cpus))
-        children.append(Child("worker-batch", _lanegate("worker", "--lane", "batch"),
+        children.extend(realtime_children(settings, env, rt_cpus))
+        children.append(Child("worker-batch", lanegate_argv("worker", "--lane", "batch"),
                               env, cpus=batch_cpus))
     return children, settings
+
+
+def realtime_children(settings: Settings, env: dict[str, str],
+                      cpus: frozenset[int] | None) -> list[Child]:
+    """``realtime_workers`` realtime workers; several get their own id, port and (when
+    the realtime half has a core for each) CPUs."""
+    n = settings.realtime_workers
+    argv = lanegate_argv("worker", "--lane", "realtime")
+    if n == 1:
+        return [Child("worker-realtime", argv, env, cpus=cpus)]
+    shares = _split(sorted(cpus), n) if cpus and len(cpus) >= n else [cpus] * n
+    children = []
+    for i, share in enumerate(shares):
+        own = dict(env)
+        if settings.worker_id:
+            own["LANEGATE_WORKER_ID"] = f"{settings.worker_id}-{i}"
+        if settings.worker_port:
+            own["LANEGATE_WORKER_PORT"] = str(settings.worker_port + i)
+        children.append(Child(f"worker-realtime-{i}", argv, own, cpus=share))
+    return children
+
+
+def _split(cpus: list[int], n: int) -> list[frozenset[int] | None]:
+    """``cpus`` in ``n`` contiguous, nearly equal parts."""
+    size, extra = divmod(len(cpus), n)
+    parts: list[frozenset[int] | None] = []
+    start = 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        parts.append(frozenset(cpus[start:end]))
+        start = end
+    return parts
 
 
 def gateway_base(settings: Settings) -> str:
@@ -317,7 +403,25 @@ def redis_ready(url: str) -> Callable[[], bool]:
     return probe
 
 
-def banner(settings: Settings) -> str:
+def queued_jobs(base: str) -> str:
+    """The job backlog as the gateway's ``/status.json`` reports it (from Redis, with
+    ``lanes.queue.backlog``), in words for the banner."""
+    try:
+        with urllib.request.urlopen(base + "/status.json", timeout=STATUS_TIMEOUT_S) as resp:
+            queue = json.load(resp).get("queue") or {}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"unknown (cannot read {base}/status.json: {exc})"
+    depth = queue.get("depth")
+    if depth is None:
+        return "unknown (the gateway cannot read Redis)"
+    if depth == 0:
+        return "none"
+    age = float(queue.get("oldest_age_s") or 0.0)
+    return (f"{depth} from an earlier run (oldest {age:.0f} s old); they resume first "
+            "and new jobs wait behind them")
+
+
+def banner(settings: Settings, queued: str = "unknown") -> str:
     base = gateway_base(settings)
     ws = base.replace("http://", "ws://", 1)
     return "\n".join([
@@ -326,11 +430,32 @@ def banner(settings: Settings) -> str:
         f"  stream     {ws}/v1/stream?sample_rate=16000",
         f"  uploads    {base}/v1/transcriptions",
         f"  openai     {base}/v1 (POST /v1/audio/transcriptions)",
+        f"  status     {base}/status",
         f"  metrics    {base}/metrics",
         f"  redis      {settings.redis_url}",
-        f"  lanes      {settings.lanes}",
+        f"  lanes      {settings.lanes}, engine {settings.engine}",
+        f"  data dir   {settings.data_path}",
+        f"  queued     {queued}",
         "Ctrl-C stops everything.",
     ])
+
+
+def stopped_line(children: list[Child]) -> str:
+    """One human line after Ctrl-C: what stopped, and any child that did not stop cleanly."""
+    names = ", ".join(c.name for c in children if c.proc is not None)
+    odd = [f"{c.name} {_how(c.proc.returncode)}" for c in children
+           if c.proc is not None and c.proc.returncode not in (0, -signal.SIGTERM)]
+    if odd:
+        return f"lanegate stopped ({names}); not cleanly: {', '.join(odd)}."
+    return f"lanegate stopped: {names} exited cleanly."
+
+
+def _how(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -353,18 +478,22 @@ def run_up(settings: Settings, out: Callable[[str], None] = _print_flushed) -> i
               "choose another with --port", file=sys.stderr)
         return 1
     children, settings = build_children(settings)
+    base = gateway_base(settings)
     supervisor = Supervisor(
-        children, ready=http_ready(gateway_base(settings) + "/readyz"),
+        children, ready=http_ready(base + "/readyz"),
         start_timeout_s=settings.start_timeout_s, stop_timeout_s=settings.stop_timeout_s,
-        on_ready=lambda: out(banner(settings)),
+        on_ready=lambda: out(banner(settings, queued_jobs(base))),
     )
-    return supervisor.run()
+    code = supervisor.run()
+    if code == 0:
+        out(stopped_line(children))
+    return code
 
 
 def main(args: argparse.Namespace) -> int:
     """``lanegate up``."""
     settings = from_args(args)
-    configure_logging(settings.log_level, process="supervisor")
+    configure_logging(settings.log_level, settings.log_format, process="supervisor")
     log.info("up", lanes=settings.lanes, port=settings.port, data_dir=settings.data_path,
              embedded_redis=not settings.redis_url)
     return run_up(settings)

@@ -22,6 +22,8 @@ from typing import Any, TextIO
 
 import aiohttp
 
+from lanegate.gateway_url import BadURL, normalize_base_url
+
 #: seconds between two polls of a queued or running job
 POLL_S = 0.5
 #: characters of the progress bar
@@ -50,8 +52,13 @@ class Request:
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        url = normalize_base_url(str(args.url))
+    except BadURL as exc:
+        print(f"lanegate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     request = Request(
-        file=Path(args.file), url=str(args.url).rstrip("/"),
+        file=Path(args.file), url=url,
         api_key=args.api_key or os.environ.get("LANEGATE_API_KEY") or None,
         fmt=str(args.format), async_=bool(args.async_),
         output=Path(args.output) if args.output else None,
@@ -67,14 +74,18 @@ def main(args: argparse.Namespace) -> int:
 async def run(request: Request, *, poll_s: float = POLL_S, err: TextIO | None = None) -> None:
     """Upload, wait for a queued job if needed, and deliver the result."""
     if not request.file.is_file():
-        raise ClientError(f"cannot read {request.file}: no such file", EXIT_USAGE)
+        why = "not a file" if request.file.exists() else "no such file"
+        raise ClientError(f"cannot read {request.file}: {why}", EXIT_USAGE)
     headers = {"Authorization": f"Bearer {request.api_key}"} if request.api_key else {}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     try:
         async with aiohttp.ClientSession(headers=headers, timeout=timeout) as http:
             text = await _transcribe(http, request, poll_s, err or sys.stderr)
-    except aiohttp.ClientConnectionError as exc:
-        raise ClientError(f"cannot reach {request.url}: {exc}") from None
+    except (aiohttp.ClientConnectionError, aiohttp.InvalidURL, OSError, TimeoutError) as exc:
+        raise ClientError(f"cannot reach {request.url}: {exc or type(exc).__name__}") from None
+    except aiohttp.ClientError as exc:  # e.g. a malformed answer: not a lanegate gateway
+        raise ClientError(f"{request.url} answered in a way this client cannot read: "
+                          f"{exc or type(exc).__name__}") from None
     _deliver(text, request.output)
 
 
@@ -188,5 +199,9 @@ def _error_text(status: int, body: str) -> str:
     except ClientError:
         error = {}
     if isinstance(error, dict) and error.get("message"):
-        return f"error {status} ({error.get('code', 'error')}): {error['message']}"
-    return f"error {status}: {body.strip()[:200] or 'no details'}"
+        text = f"error {status} ({error.get('code', 'error')}): {error['message']}"
+    else:
+        text = f"error {status}: {body.strip()[:200] or 'no details'}"
+    if status == 404:
+        text += " (is --url the base URL of a lanegate gateway?)"
+    return text

@@ -1,15 +1,15 @@
-"""Batch jobs: the public side of the batch lane's job store in Redis.
+"""Batch jobs: the gateway's side of the batch lane's job store in Redis.
 
 A job is a hash at ``JOB_KEY`` (expires ``job_ttl_s`` after its last transition),
 listed per tenant in the sorted set ``TENANT_JOBS_KEY`` (scored by creation
-time) and queued as one entry ``{job_id, tenant}`` on ``JOB_STREAM``. Its audio
-is ``BlobStore(settings.blob_path).path(job_id, "audio.pcm")`` (16 kHz s16le
-mono, written by the gateway before ``submit``); its result is Transcript JSON
-at ``RESULT_KEY``. Workers drive the state machine through ``lanes.queue``.
-
-Statuses: ``queued -> processing -> completed | failed``; ``queued | processing
--> cancelled``; a processing job whose worker hands it back goes to ``queued``.
-Every multi-key change is one Lua script, so a job is never half-written.
+time) and queued as one entry on ``JOB_STREAM``, which it joins fairly: each
+tenant's jobs wait in their own list and join the stream round-robin across
+tenants (``lanes.job_protocol``: ``feed``); unfinished jobs count against the
+tenant's quotas (``TENANT_OPEN_KEY``). Its audio is
+``BlobStore(settings.blob_path).path(job_id, "audio.pcm")`` (16 kHz s16le mono,
+written by the gateway before ``submit``); its result is Transcript JSON at
+``RESULT_KEY``. The hash, the entry, the statuses and the scripts are
+``lanes.job_protocol``; workers drive the state machine through ``lanes.queue``.
 """
 
 from __future__ import annotations
@@ -17,27 +17,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from lanegate.blobs import BlobError, BlobStore
 from lanegate.constants import (
-    CANCEL_KEY,
+    FAIR_RING_KEY,
+    FAIR_WAITING_KEY,
     IDEMPOTENCY_KEY,
+    JOB_GROUP,
     JOB_KEY,
     JOB_STREAM,
     RESULT_KEY,
     TENANT_JOBS_KEY,
+    TENANT_OPEN_KEY,
 )
+from lanegate.redis_io import decode_hash, text, ttl_ms
 from lanegate.settings import Settings
 from lanegate.transcript import Transcript
-
-JOB_STATUSES = ("queued", "processing", "completed", "failed", "cancelled")
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
-ACTIVE_STATUSES = frozenset({"queued", "processing"})
+from lanes.job_protocol import CANCEL, SUBMIT, Job, JobStatus, Quota, new_job_hash
 
 #: wait(): first poll interval and the cap it grows to
 _WAIT_POLL_S = 0.05
@@ -48,124 +49,25 @@ class JobNotFound(KeyError):
     """The job does not exist (or expired, or belongs to another tenant)."""
 
 
-def _opt_float(raw: str) -> float | None:
-    return float(raw) if raw else None
+#: what a refused submit suggests as ``Retry-After``: jobs finish in about this long
+QUOTA_RETRY_AFTER_S = 60
 
 
-def _opt_str(raw: str) -> str | None:
-    return raw or None
+class QuotaExceeded(Exception):
+    """The tenant's unfinished jobs are at ``max_queued_jobs_per_key`` or this job would
+    pass ``max_queued_audio_hours_per_key``; nothing was queued."""
 
-
-@dataclass(frozen=True)
-class Job:
-    id: str
-    tenant: str
-    status: str
-    created_at: float  # epoch seconds
-    updated_at: float
-    started_at: float | None  # first time a worker began processing it
-    finished_at: float | None  # when it reached a terminal status
-    audio_seconds: float
-    progress: float  # 0..1: audio decoded / audio total
-    attempts: int  # deliveries to a worker so far
-    error: str | None
-    language: str
-    response_format: str
-    webhook_url: str | None
-    filename: str | None
-    worker: str | None = None  # the worker processing it (or that last did)
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-    def to_public(self) -> dict[str, Any]:
-        """The JSON the API returns. Timestamps are epoch seconds (floats, ms
-        resolution) or null; ``tenant`` and ``worker`` are never exposed."""
-        return {
-            "id": self.id,
-            "object": "transcription.job",
-            "status": self.status,
-            "progress": round(self.progress, 4),
-            "created_at": _ms(self.created_at),
-            "updated_at": _ms(self.updated_at),
-            "started_at": _ms(self.started_at),
-            "finished_at": _ms(self.finished_at),
-            "audio_seconds": round(self.audio_seconds, 3),
-            "attempts": self.attempts,
-            "error": self.error,
-            "language": self.language,
-            "response_format": self.response_format,
-            "webhook_url": self.webhook_url,
-            "filename": self.filename,
-        }
-
-    @classmethod
-    def from_hash(cls, raw: dict[str, str]) -> Job:
-        return cls(
-            id=raw["id"],
-            tenant=raw["tenant"],
-            status=raw["status"],
-            created_at=float(raw["created_at"]),
-            updated_at=float(raw.get("updated_at") or raw["created_at"]),
-            started_at=_opt_float(raw.get("started_at", "")),
-            finished_at=_opt_float(raw.get("finished_at", "")),
-            audio_seconds=float(raw.get("audio_seconds") or 0.0),
-            progress=float(raw.get("progress") or 0.0),
-            attempts=int(raw.get("attempts") or 0),
-            error=_opt_str(raw.get("error", "")),
-            language=raw.get("language") or "en",
-            response_format=raw.get("response_format") or "json",
-            webhook_url=_opt_str(raw.get("webhook_url", "")),
-            filename=_opt_str(raw.get("filename", "")),
-            worker=_opt_str(raw.get("worker", "")),
-        )
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
-
-
-def decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
-    return {_s(k): _s(v) for k, v in raw.items()}
-
-
-def _s(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-# KEYS: job, tenant_jobs, stream, idem
-# ARGV: job_id, use_idem, idem_ttl_ms, job_ttl_ms, now, tenant, field/value pairs...
-_SUBMIT = """
-if ARGV[2] == '1' then
-  local existing = redis.call('GET', KEYS[4])
-  if existing then return {existing, 0} end
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then return {ARGV[1], 0} end
-local fields = {}
-for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('HSET', KEYS[1], unpack(fields))
-local entry = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[1], 'tenant', ARGV[6],
-                         'enqueued_at', ARGV[5])
-redis.call('HSET', KEYS[1], 'entry', entry)
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-if ARGV[2] == '1' then redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[3]) end
-return {ARGV[1], 1}
-"""
-
-# KEYS: job, result, cancel   ARGV: now, job_ttl_ms, cancel_ttl_ms
-_CANCEL = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'queued' and status ~= 'processing' then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'cancelled', 'updated_at', ARGV[1],
-           'finished_at', ARGV[1], 'error', '')
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('DEL', KEYS[2])
-redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
-return 1
-"""
+    def __init__(self, quota: Quota, settings: Settings) -> None:
+        self.quota = quota
+        self.retry_after_s = QUOTA_RETRY_AFTER_S
+        if quota is Quota.JOBS:
+            message = (f"this key has {settings.max_queued_jobs_per_key} unfinished jobs "
+                       "(max_queued_jobs_per_key)")
+        else:
+            message = (f"this job would pass {settings.max_queued_audio_hours_per_key:g} "
+                       "audio hours of unfinished jobs for this key "
+                       "(max_queued_audio_hours_per_key)")
+        super().__init__(f"{message}; retry when some have finished")
 
 
 class JobStore:
@@ -175,22 +77,26 @@ class JobStore:
         self.redis = redis
         self.settings = settings
         self.blobs = BlobStore(settings.blob_path)
-        self._submit = redis.register_script(_SUBMIT)
-        self._cancel = redis.register_script(_CANCEL)
+        self._submit = redis.register_script(SUBMIT)
+        self._cancel = redis.register_script(CANCEL)
 
     # --- writes -------------------------------------------------------------------
 
     async def submit(
-        self, *, job_id: str, tenant: str, audio_seconds: float, language: str = "en",
+        self, *, job_id: str, tenant: str, audio_seconds: float, language: str = "",
         response_format: str = "json", webhook_url: str | None = None,
         filename: str | None = None, idempotency_key: str | None = None,
+        prompt: str = "", temperature: float | None = None,
     ) -> tuple[Job, bool]:
         """Queue the job whose audio blob ``job_id`` the caller has written.
 
+        An empty ``language`` is detected by the engine (the result reports it);
+        ``prompt`` and ``temperature`` (None: the engine's default) condition its decoder.
         Returns ``(job, created)``. The same ``tenant`` + ``idempotency_key``
         within ``idempotency_ttl_s`` returns the first job with ``created=False``
         (the check and the write are one script, so two racing requests make one
-        job); the caller should then delete its own, unused blob.
+        job); the caller should then delete its own, unused blob. Raises
+        ``QuotaExceeded`` (checked in the same script) past the key's quotas.
         """
         self.blobs.dir(job_id)  # validates the id: server-generated hex only
         for _ in range(2):
@@ -198,6 +104,7 @@ class JobStore:
                 job_id=job_id, tenant=tenant, audio_seconds=audio_seconds, language=language,
                 response_format=response_format, webhook_url=webhook_url,
                 filename=filename, idempotency_key=idempotency_key,
+                prompt=prompt, temperature=temperature,
             )
             job = await self.get(job_ref, tenant)
             if job is not None:
@@ -209,28 +116,31 @@ class JobStore:
     async def _submit_once(
         self, *, job_id: str, tenant: str, audio_seconds: float, language: str,
         response_format: str, webhook_url: str | None, filename: str | None,
-        idempotency_key: str | None,
+        idempotency_key: str | None, prompt: str, temperature: float | None,
     ) -> tuple[str, bool]:
         now = time.time()
-        fields = {
-            "id": job_id, "tenant": tenant, "status": "queued", "created_at": repr(now),
-            "updated_at": repr(now), "started_at": "", "finished_at": "",
-            "audio_seconds": repr(float(audio_seconds)), "progress": "0", "attempts": "0",
-            "error": "", "language": language, "response_format": response_format,
-            "webhook_url": webhook_url or "", "filename": filename or "", "worker": "",
-        }
+        fields = new_job_hash(job_id=job_id, tenant=tenant, now=now,
+                              audio_seconds=audio_seconds, language=language,
+                              response_format=response_format, webhook_url=webhook_url,
+                              filename=filename, prompt=prompt, temperature=temperature)
         flat = [item for pair in fields.items() for item in pair]
         use_idem = idempotency_key is not None
         keys = [
             JOB_KEY.format(job_id=job_id), TENANT_JOBS_KEY.format(tenant=tenant), JOB_STREAM,
-            self._idem_key(tenant, idempotency_key or ""),
+            self._idem_key(tenant, idempotency_key or ""), TENANT_OPEN_KEY.format(tenant=tenant),
+            FAIR_RING_KEY, FAIR_WAITING_KEY.format(tenant=tenant),
         ]
+        s = self.settings
         args = [
-            job_id, "1" if use_idem else "0", _ms_int(self.settings.idempotency_ttl_s),
-            _ms_int(self.settings.job_ttl_s), repr(now), tenant, *flat,
+            job_id, "1" if use_idem else "0", ttl_ms(s.idempotency_ttl_s),
+            ttl_ms(s.job_ttl_s), repr(now), tenant, JOB_GROUP, max(1, s.batch_fair_window),
+            s.max_queued_jobs_per_key, repr(s.max_queued_audio_hours_per_key * 3600.0),
+            repr(float(audio_seconds)), *flat,
         ]
-        ref, created = await self._submit(keys=keys, args=args)
-        return _s(ref), bool(int(created))
+        reply = await self._submit(keys=keys, args=args)
+        if int(reply[1]) < 0:
+            raise QuotaExceeded(Quota(text(reply[2])), s)
+        return text(reply[0]), bool(int(reply[1]))
 
     async def cancel(self, job_id: str, tenant: str) -> Job | None:
         """Cancel a queued or processing job and delete its audio and result.
@@ -243,10 +153,8 @@ class JobStore:
         if job is None:
             return None
         cancelled = await self._cancel(
-            keys=[JOB_KEY.format(job_id=job_id), RESULT_KEY.format(job_id=job_id),
-                  CANCEL_KEY.format(job_id=job_id)],
-            args=[repr(time.time()), _ms_int(self.settings.job_ttl_s),
-                  _ms_int(self.settings.job_ttl_s)],
+            keys=[JOB_KEY.format(job_id=job_id), RESULT_KEY.format(job_id=job_id)],
+            args=[repr(time.time()), ttl_ms(self.settings.job_ttl_s), job_id],
         )
         if int(cancelled):
             self.delete_audio(job_id)
@@ -268,7 +176,7 @@ class JobStore:
     async def result(self, job_id: str, tenant: str) -> Transcript | None:
         """The stored transcript of a completed job of this tenant, else None."""
         job = await self.get(job_id, tenant)
-        if job is None or job.status != "completed":
+        if job is None or job.status is not JobStatus.COMPLETED:
             return None
         raw = await self.redis.get(RESULT_KEY.format(job_id=job_id))
         if raw is None:
@@ -289,7 +197,7 @@ class JobStore:
             key, bound, "-inf", desc=True, byscore=True, withscores=True,
             offset=0, num=limit + ties + 1,
         )
-        rows = [(_s(m), float(score)) for m, score in members]
+        rows = [(text(m), float(score)) for m, score in members]
         if after is not None:
             rows = [(m, sc) for m, sc in rows if not (sc == float(bound) and m >= after)]
         page, more = rows[:limit], len(rows) > limit
@@ -330,10 +238,6 @@ class JobStore:
         return IDEMPOTENCY_KEY.format(tenant=tenant, key=key)
 
 
-def _ms_int(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
 def _make_cursor(job_id: str, score: float) -> str:
     return f"{score!r}:{job_id}"
 
@@ -344,7 +248,9 @@ def _parse_cursor(cursor: str | None) -> tuple[str, str | None]:
         return "+inf", None
     score, _, job_id = cursor.partition(":")
     try:
-        float(score)
+        finite = math.isfinite(float(score))
     except ValueError:
-        raise ValueError(f"bad cursor: {cursor!r}") from None
+        finite = False
+    if not finite:  # nan / inf would reach Redis as a bad range
+        raise ValueError(f"bad cursor: {cursor!r}")
     return score, job_id or None

@@ -7,9 +7,9 @@ for one *attempt*: ``start`` bumps the job's ``attempts`` and every later write
 entry is reclaimed (``XAUTOCLAIM`` after ``claim_idle_s``) and started by
 another worker, the old owner's writes are refused: one result per job.
 
-Every transition is one Lua script that changes the job hash, the stream
-(``XACK`` + ``XDEL``: a finished entry leaves the stream), the dead-letter
-stream and the webhook queue together. The result is written with ``SET NX``
+Every transition is one Lua script (``lanes.job_protocol``) that changes the job
+hash, the stream (``XACK`` + ``XDEL``: a finished entry leaves the stream), the
+dead-letter stream and the webhook queue together. The result is written with ``SET NX``
 before the entry is acknowledged.
 
 A live worker keeps its entries from being reclaimed with ``touch``
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import ResponseError
 
 from lanegate.constants import (
     DEAD_LETTER_STREAM,
+    FAIR_RING_KEY,
+    FAIR_WAITING_KEY,
     JOB_GROUP,
     JOB_KEY,
     JOB_STREAM,
@@ -36,175 +36,31 @@ from lanegate.constants import (
     WEBHOOK_DUE_KEY,
     WEBHOOK_KEY,
 )
+from lanegate.redis_io import decode_hash, text, ttl_ms
 from lanegate.settings import Settings
 from lanegate.transcript import Transcript
-from lanes.jobs import Job, decode_hash
+from lanes.job_protocol import TRANSITIONS, Delivery, Job, JobStatus, Outcome, Standing
 
 #: most XAUTOCLAIM calls one ``reclaim`` makes while scanning the pending list
 _RECLAIM_SCAN_CALLS = 100
 
-_PRELUDE = """
-local function drop(stream, group, entry)
-  redis.call('XACK', stream, group, entry)
-  redis.call('XDEL', stream, entry)
-end
-local function owns(job, attempt)
-  return redis.call('HGET', job, 'status') == 'processing'
-     and redis.call('HGET', job, 'attempts') == attempt
-end
--- a worker that no longer owns the job: a cancelled job's entry is dropped all the same
-local function lost(job, stream, group, entry)
-  if redis.call('HGET', job, 'status') == 'cancelled' then drop(stream, group, entry) end
-  return 0
-end
-local function finish(job, status, now, ttl, err, wh_due, wh_key, job_id)
-  redis.call('HSET', job, 'status', status, 'updated_at', now, 'finished_at', now,
-             'error', err)
-  if status == 'completed' then redis.call('HSET', job, 'progress', '1') end
-  redis.call('PEXPIRE', job, ttl)
-  local url = redis.call('HGET', job, 'webhook_url')
-  if url and url ~= '' then
-    redis.call('HSET', wh_key, 'job_id', job_id, 'url', url, 'status', status,
-               'attempts', '0')
-    redis.call('PEXPIRE', wh_key, ttl)
-    redis.call('ZADD', wh_due, now, job_id)
-  end
-end
-"""
-# Every script: KEYS = job, result, stream, dead, webhook_due, webhook
-#               ARGV = group, entry, job_id, now, job_ttl_ms, <script args>
-
-_START = _PRELUDE + """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then drop(KEYS[3], ARGV[1], ARGV[2]); return {'skip', 'gone'} end
-if status ~= 'queued' and status ~= 'processing' then
-  drop(KEYS[3], ARGV[1], ARGV[2]); return {'skip', status}
-end
-if redis.call('HGET', KEYS[1], 'entry') ~= ARGV[2] then
-  drop(KEYS[3], ARGV[1], ARGV[2]); return {'skip', 'stale'}
-end
-local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
-if attempts >= tonumber(ARGV[7]) then
-  local last = redis.call('HGET', KEYS[1], 'last_error')
-  if not last or last == '' then last = 'the worker stopped during every attempt' end
-  local reason = 'gave up after ' .. attempts .. ' attempts: ' .. last
-  finish(KEYS[1], 'failed', ARGV[4], ARGV[5], reason, KEYS[5], KEYS[6], ARGV[3])
-  redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[3], 'entry', ARGV[2],
-             'tenant', redis.call('HGET', KEYS[1], 'tenant') or '',
-             'attempts', tostring(attempts), 'reason', reason, 'failed_at', ARGV[4])
-  drop(KEYS[3], ARGV[1], ARGV[2])
-  return {'dead', reason}
-end
-attempts = attempts + 1
-local started = redis.call('HGET', KEYS[1], 'started_at')
-local first = (not started) or started == ''
-if first then redis.call('HSET', KEYS[1], 'started_at', ARGV[4]) end
-redis.call('HSET', KEYS[1], 'status', 'processing', 'attempts', tostring(attempts),
-           'worker', ARGV[6], 'updated_at', ARGV[4], 'progress', '0')
-if first then return {'run', tostring(attempts), '1'} end
-return {'run', tostring(attempts), '0'}
-"""
-
-_PROGRESS = _PRELUDE + """
-if not owns(KEYS[1], ARGV[6]) then return 0 end
-redis.call('HSET', KEYS[1], 'progress', ARGV[7], 'updated_at', ARGV[4])
-return 1
-"""
-
-_COMPLETE = _PRELUDE + """
-if not owns(KEYS[1], ARGV[6]) then return lost(KEYS[1], KEYS[3], ARGV[1], ARGV[2]) end
-redis.call('SET', KEYS[2], ARGV[7], 'PX', ARGV[5], 'NX')
-finish(KEYS[1], 'completed', ARGV[4], ARGV[5], '', KEYS[5], KEYS[6], ARGV[3])
-drop(KEYS[3], ARGV[1], ARGV[2])
-return 1
-"""
-
-_FAIL = _PRELUDE + """
-if not owns(KEYS[1], ARGV[6]) then return lost(KEYS[1], KEYS[3], ARGV[1], ARGV[2]) end
-finish(KEYS[1], 'failed', ARGV[4], ARGV[5], ARGV[7], KEYS[5], KEYS[6], ARGV[3])
-drop(KEYS[3], ARGV[1], ARGV[2])
-return 1
-"""
-
-_RELEASE = _PRELUDE + """
-if not owns(KEYS[1], ARGV[6]) then return 0 end
-local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts'))
-if ARGV[7] == '0' then attempts = attempts - 1 end
-local entry = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[3],
-                         'tenant', redis.call('HGET', KEYS[1], 'tenant') or '',
-                         'enqueued_at', ARGV[4])
-redis.call('HSET', KEYS[1], 'status', 'queued', 'attempts', tostring(attempts),
-           'progress', '0', 'entry', entry, 'worker', '', 'updated_at', ARGV[4])
-if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[8]) end
-drop(KEYS[3], ARGV[1], ARGV[2])
-return 1
-"""
-
-_DROP = _PRELUDE + """
-drop(KEYS[3], ARGV[1], ARGV[2])
-return 1
-"""
-
-# KEYS = stream; ARGV = group, consumer, entry ids...
-_TOUCH = """
-local owned = {}
-for i = 3, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
-  if p[1] and p[1][2] == ARGV[2] then
-    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
-    owned[#owned + 1] = ARGV[i]
-  end
-end
-return owned
-"""
-
-
-def redis_client(url: str) -> aioredis.Redis:
-    """A client that retries a command a few times on a dropped connection.
-
-    ``Redis.from_url`` in redis-py 8 gives its connections no retries, so the
-    first command on a pooled connection after a Redis restart fails; with
-    these retries it reconnects instead. Longer outages still raise
-    ``ConnectionError`` (the worker waits them out with backoff).
-    """
-    return aioredis.Redis.from_url(
-        url, socket_connect_timeout=2.0, socket_timeout=10.0, health_check_interval=5,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
-    )
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One stream entry handed to this worker."""
-
-    entry_id: str
-    job_id: str
-    tenant: str
-    enqueued_at: float
-
 
 @dataclass(frozen=True)
 class Started:
-    """What ``start`` decided: ``run`` (with the attempt number), ``skip``
-    (cancelled, finished, expired or superseded: the entry was dropped) or
-    ``dead`` (out of attempts: dead-lettered and failed)."""
+    """What ``start`` decided (``Outcome``), with the attempt number when it runs."""
 
-    outcome: str
+    outcome: Outcome
     attempt: int = 0
     first: bool = False  # the job's first start (queue wait ends here)
     reason: str = ""
     job: Job | None = None
 
 
-def _s(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _entries(reply: Any) -> list[tuple[str, dict[str, str] | None]]:
     """(id, fields) pairs of an XREADGROUP / XAUTOCLAIM reply (RESP2 or RESP3)."""
     out: list[tuple[str, dict[str, str] | None]] = []
     for entry_id, fields in reply or []:
-        out.append((_s(entry_id), decode_hash(fields) if fields else None))
+        out.append((text(entry_id), decode_hash(fields) if fields else None))
     return out
 
 
@@ -212,6 +68,76 @@ def _streams(reply: Any) -> list[Any]:
     if isinstance(reply, dict):
         return [entries for entries in reply.values()]
     return [entries for _, entries in reply or []]
+
+
+#: most undelivered entries ``backlog`` counts one by one (beyond it: the group's lag)
+_BACKLOG_XRANGE_CAP = 10_000
+
+
+def _id_ms(entry_id: object) -> int:
+    return int(text(entry_id).split("-", 1)[0])
+
+
+@dataclass(frozen=True)
+class Backlog:
+    depth: int  # undelivered plus delivered-not-acknowledged entries
+    oldest_ms: int | None  # XADD time of the oldest such entry (its id), None when empty
+
+    def oldest_age_s(self, now: float | None = None) -> float:
+        if self.oldest_ms is None:
+            return 0.0
+        now_ms = (time.time() if now is None else now) * 1000.0
+        return max(0.0, (now_ms - self.oldest_ms) / 1000.0)
+
+
+async def fair_waiting(redis: Any) -> int:
+    """Jobs still in their tenants' fair-scheduling lists (not yet on the stream)."""
+    tenants = [text(t) for t in await redis.lrange(FAIR_RING_KEY, 0, -1)]
+    if not tenants:
+        return 0
+    async with redis.pipeline(transaction=False) as pipe:
+        for tenant in tenants:
+            pipe.llen(FAIR_WAITING_KEY.format(tenant=tenant))
+        return sum(int(n) for n in await pipe.execute())
+
+
+async def backlog(redis: Any) -> Backlog:
+    """The batch lane's backlog: jobs waiting in their tenants' lists, entries the group
+    has not delivered and those it has delivered and not acknowledged; the oldest age
+    comes from the entry ids (a waiting job is younger than the stream's entries of
+    its tenant, though not always of others)."""
+    before = await fair_waiting(redis)
+    try:
+        groups = await redis.xinfo_groups(JOB_STREAM)
+    except ResponseError:  # no stream yet
+        groups = []
+    for group in groups:
+        if text(group.get("name", "")) != JOB_GROUP:
+            continue
+        pending = int(group.get("pending") or 0)
+        last = text(group.get("last-delivered-id") or "0-0")
+        undelivered = await redis.xrange(
+            JOB_STREAM, min="(" + last, max="+", count=_BACKLOG_XRANGE_CAP
+        )
+        # Counted, not the group's `lag`: finished entries are XDELed, and Redis's lag
+        # estimate can still include deleted entries. Beyond the cap, lag is the estimate.
+        lag = group.get("lag")
+        waiting = len(undelivered)
+        if waiting >= _BACKLOG_XRANGE_CAP and lag is not None:
+            waiting = max(waiting, int(lag))
+        oldest_ms = _id_ms(undelivered[0][0]) if undelivered else None
+        if pending:
+            summary = await redis.xpending(JOB_STREAM, JOB_GROUP)
+            if summary.get("min"):
+                first = _id_ms(summary["min"])
+                oldest_ms = first if oldest_ms is None else min(oldest_ms, first)
+        return Backlog(depth=before + pending + waiting, oldest_ms=oldest_ms)
+    # no worker has created the group yet: every entry is undelivered
+    first = await redis.xrange(JOB_STREAM, count=1)
+    if not first:
+        return Backlog(depth=before, oldest_ms=None)
+    return Backlog(depth=before + int(await redis.xlen(JOB_STREAM)),
+                   oldest_ms=_id_ms(first[0][0]))
 
 
 class JobQueue:
@@ -222,12 +148,7 @@ class JobQueue:
         self.settings = settings
         self.consumer = consumer
         self._autoclaim_cursor = "0-0"
-        self._scripts = {
-            name: redis.register_script(src)
-            for name, src in (("start", _START), ("progress", _PROGRESS),
-                              ("complete", _COMPLETE), ("fail", _FAIL),
-                              ("release", _RELEASE), ("drop", _DROP), ("touch", _TOUCH))
-        }
+        self._scripts = {name: redis.register_script(src) for name, src in TRANSITIONS.items()}
 
     async def ensure_group(self) -> None:
         """Create the consumer group (and the stream) if missing: reads from id 0."""
@@ -239,8 +160,16 @@ class JobQueue:
 
     # --- getting entries ----------------------------------------------------------
 
+    async def feed(self, want: int = 1) -> int:
+        """Move waiting jobs onto the stream, round-robin across tenants, until it holds
+        ``batch_fair_window`` (or ``want``) undelivered entries; how many moved."""
+        window = max(1, want, self.settings.batch_fair_window)
+        return int(await self._scripts["feed"](
+            keys=[JOB_STREAM, FAIR_RING_KEY], args=[JOB_GROUP, window, repr(time.time())]))
+
     async def read(self, count: int = 1, block_ms: int | None = None) -> list[Delivery]:
-        """New entries (``>``); blocks up to ``block_ms`` when given."""
+        """New entries (``>``), after a ``feed``; blocks up to ``block_ms`` when given."""
+        await self.feed(count)
         reply = await self.redis.xreadgroup(
             JOB_GROUP, self.consumer, {JOB_STREAM: ">"}, count=count, block=block_ms
         )
@@ -268,7 +197,7 @@ class JobQueue:
                 min_idle_time=int(self.settings.claim_idle_s * 1000),
                 start_id=self._autoclaim_cursor, count=count,
             )
-            self._autoclaim_cursor = _s(reply[0])
+            self._autoclaim_cursor = text(reply[0])
             found = await self._deliveries(_entries(reply[1]))
             if found or self._autoclaim_cursor == "0-0":
                 return found
@@ -282,8 +211,7 @@ class JobQueue:
             if not fields or "job_id" not in fields:  # deleted under us: forget it
                 await self.redis.xack(JOB_STREAM, JOB_GROUP, entry_id)
                 continue
-            out.append(Delivery(entry_id, fields["job_id"], fields.get("tenant", ""),
-                                float(fields.get("enqueued_at") or 0.0)))
+            out.append(Delivery.from_entry(entry_id, fields))
         return out
 
     async def touch(self, entry_ids: list[str]) -> set[str]:
@@ -293,24 +221,29 @@ class JobQueue:
         owned = await self._scripts["touch"](
             keys=[JOB_STREAM], args=[JOB_GROUP, self.consumer, *entry_ids]
         )
-        return {_s(e) for e in owned}
+        return {text(e) for e in owned}
 
     # --- transitions --------------------------------------------------------------
 
     async def start(self, d: Delivery) -> Started:
         reply = await self._run("start", d, self.consumer, self.settings.max_attempts)
-        outcome = _s(reply[0])
-        if outcome == "run":
+        outcome = Outcome(text(reply[0]))
+        if outcome is Outcome.RUN:
             job = await self.job(d.job_id)
-            return Started("run", int(_s(reply[1])), _s(reply[2]) == "1", job=job)
-        return Started(outcome, reason=_s(reply[1]))
+            return Started(outcome, int(text(reply[1])), text(reply[2]) == "1", job=job)
+        return Started(outcome, reason=text(reply[1]))
 
-    async def progress(self, d: Delivery, attempt: int, progress: float) -> bool:
-        return bool(await self._run("progress", d, attempt, f"{progress:.4f}"))
+    async def progress(self, d: Delivery, attempt: int, progress: float,
+                       text: str = "") -> bool:
+        """Record progress and the text of the segments decoded so far (in order: a
+        streamed transcription follows it)."""
+        return bool(await self._run("progress", d, attempt, f"{progress:.4f}", text))
 
     async def complete(self, d: Delivery, attempt: int, transcript: Transcript) -> bool:
-        """Store the result (SET NX) and acknowledge; False if no longer ours."""
-        return bool(await self._run("complete", d, attempt, transcript.to_json()))
+        """Store the result (SET NX) and acknowledge; False if no longer ours. A job
+        asked for no language takes the result's (the detected one)."""
+        return bool(await self._run("complete", d, attempt, transcript.to_json(),
+                                    transcript.language))
 
     async def fail(self, d: Delivery, attempt: int, reason: str) -> bool:
         """Fail the job now (no retry) and acknowledge; False if no longer ours."""
@@ -327,23 +260,22 @@ class JobQueue:
         """Acknowledge and delete an entry whose job needs no more work."""
         await self._run("drop", d)
 
-    async def states(self, owned: dict[str, int]) -> dict[str, str]:
-        """For job id -> attempt: ``ok``, ``cancelled`` or ``lost`` (another
-        attempt owns it, it finished elsewhere, or it expired)."""
+    async def states(self, owned: dict[str, int]) -> dict[str, Standing]:
+        """For job id -> attempt: where each held job stands now."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for job_id in owned:
                 pipe.hmget(JOB_KEY.format(job_id=job_id), ["status", "attempts"])
             replies = await pipe.execute()
-        out: dict[str, str] = {}
+        out: dict[str, Standing] = {}
         for (job_id, attempt), (status, attempts) in zip(owned.items(), replies, strict=True):
-            status_s = _s(status) if status is not None else ""
-            if status_s == "cancelled":
-                out[job_id] = "cancelled"
-            elif status_s == "processing" and attempts is not None \
-                    and int(_s(attempts)) == attempt:
-                out[job_id] = "ok"
+            status_s = text(status) if status is not None else ""
+            if status_s == JobStatus.CANCELLED:
+                out[job_id] = Standing.CANCELLED
+            elif status_s == JobStatus.PROCESSING and attempts is not None \
+                    and int(text(attempts)) == attempt:
+                out[job_id] = Standing.OK
             else:
-                out[job_id] = "lost"
+                out[job_id] = Standing.LOST
         return out
 
     async def job(self, job_id: str) -> Job | None:
@@ -355,5 +287,5 @@ class JobQueue:
                 JOB_STREAM, DEAD_LETTER_STREAM, WEBHOOK_DUE_KEY,
                 WEBHOOK_KEY.format(job_id=d.job_id)]
         args = [JOB_GROUP, d.entry_id, d.job_id, repr(time.time()),
-                str(max(1, int(self.settings.job_ttl_s * 1000))), *[str(x) for x in extra]]
+                str(ttl_ms(self.settings.job_ttl_s)), *[str(x) for x in extra]]
         return await self._scripts[script](keys=keys, args=args)

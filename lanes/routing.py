@@ -1,10 +1,12 @@
 """Lane routing for uploads: transcribe now on the realtime lane, or queue a batch job.
 
-A short upload that the client did not mark async is fed to a realtime worker
-in capped chunks, like a stream, and answered at once; anything longer, or
-marked async, becomes a job on the batch lane's Redis stream. The OpenAI
-endpoint has no "async": long audio still goes to the batch lane and the
-request waits for the job, so a long prefill never lands on the realtime lane.
+:func:`route_upload` is the whole rule. A short upload that asks for no job is
+fed to a realtime worker in capped chunks, like a stream, and answered at once;
+anything longer, marked async or carrying a webhook (a webhook only exists for
+jobs), becomes a job on the batch lane's Redis stream, and so does a short one
+while the realtime lane has no slot to spare. The OpenAI endpoint has no
+"async": long audio still goes to the batch lane and the request waits for the
+job, so a long prefill never lands on the realtime lane.
 """
 
 from __future__ import annotations
@@ -37,17 +39,25 @@ class Route:
         return self.lane is Lane.REALTIME
 
 
-def route_upload(audio_seconds: float, *, async_requested: bool, settings: Settings) -> Route:
-    """The lane for an upload of ``audio_seconds`` of decoded audio."""
-    if async_requested:
+def route_upload(audio_seconds: float, *, async_requested: bool, free_realtime_slots: int,
+                 settings: Settings, webhook: bool = False) -> Route:
+    """The lane for an upload of ``audio_seconds`` of decoded audio.
+
+    ``free_realtime_slots`` counts the non-draining realtime workers' free slots
+    (from the registry); ``webhook``: the client gave a ``webhook_url``.
+    """
+    if async_requested or webhook:
         return Route(Lane.BATCH, Reason.ASYNC)
-    if audio_seconds <= settings.sync_max_seconds:
-        return Route(Lane.REALTIME, Reason.SHORT)
-    return Route(Lane.BATCH, Reason.LONG)
+    if audio_seconds > settings.sync_max_seconds:
+        return Route(Lane.BATCH, Reason.LONG)
+    if not realtime_admits(free_realtime_slots, settings):
+        return busy_fallback()
+    return Route(Lane.REALTIME, Reason.SHORT)
 
 
 def busy_fallback() -> Route:
-    """The route when the realtime lane refused the session (no free slot, no worker)."""
+    """The route when the realtime lane has no slot to spare, or refused the session
+    once asked (the API key's session limit, no worker took it, the worker was lost)."""
     return Route(Lane.BATCH, Reason.REALTIME_BUSY)
 
 

@@ -8,6 +8,13 @@ what the budget still affords. A step always holds at least one chunk, so
 progress is guaranteed even when one chunk alone costs more than the budget.
 Without the cap (``split-nocap``, ``mixed``) every session's whole pending
 audio goes into the step.
+
+A re-decoding engine (Whisper) encodes a session's whole current segment each
+step, so its cost is set by the segment, not by the chunk: each session in the
+step takes all its pending audio up to its next cut, and the budget bounds the
+step's encoder frames (every sequence padded to the longest) and expected
+decoder tokens; sessions are added, in the queue's order, while the estimate
+stays within the budget.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ class Candidate:
     session_id: str
     pending_samples: int  # decodable now (up to the session's next cut)
     oldest_pending_at: float  # paced arrival time (monotonic) of the oldest pending sample
+    context_samples: int = 0  # already in the engine's current segment (a re-decode's too)
 
 
 @dataclass(frozen=True)
@@ -81,37 +89,6 @@ class OldestPendingFirstQueue:
         return sorted(candidates, key=lambda c: (c.oldest_pending_at, c.session_id))
 
 
-class StallFreeQueue:
-    """Sessions on their beat first, then backlogs, each group oldest pending first.
-
-    A session whose pending audio fits in one chunk is a live stream keeping up
-    (an LLM 'decode'); one with more is digesting a backlog (a 'prefill'). As in
-    Sarathi-Serve's stall-free batching, backlogs only fill the budget the beat
-    sessions leave. A live stream that falls behind by more than a chunk joins
-    the backlogs, so under overload this is no fairer than oldest-first.
-    """
-
-    name = "stall_free"
-
-    def order(self, candidates: Iterable[Candidate], max_chunk_samples: int) -> list[Candidate]:
-        return sorted(candidates, key=lambda c: (c.pending_samples > max_chunk_samples,
-                                                 c.oldest_pending_at, c.session_id))
-
-
-QUEUES: dict[str, type[OldestPendingFirstQueue] | type[StallFreeQueue]] = {
-    OldestPendingFirstQueue.name: OldestPendingFirstQueue,
-    StallFreeQueue.name: StallFreeQueue,
-}
-
-
-def create_queue(name: str = OldestPendingFirstQueue.name) -> SchedulingQueue:
-    try:
-        return QUEUES[name]()
-    except KeyError:
-        raise ValueError(f"unknown scheduling queue {name!r}; use one of {sorted(QUEUES)}") \
-            from None
-
-
 def plan_step(candidates: Sequence[Candidate], queue: SchedulingQueue, cost: CostModel,
               limits: StepLimits) -> StepPlan:
     """The chunks of the next step (pure: reads its arguments, changes nothing)."""
@@ -120,7 +97,9 @@ def plan_step(candidates: Sequence[Candidate], queue: SchedulingQueue, cost: Cos
         return EMPTY_PLAN
     if not limits.capped:
         return _plan(tuple(Chunk(c.session_id, c.pending_samples) for c in waiting), cost,
-                     limits)
+                     limits, waiting)
+    if cost.redecode is not None:
+        return _plan_redecode(queue.order(waiting, limits.max_chunk_samples), cost, limits)
     chunks: list[Chunk] = []
     audio = 0
     for cand in queue.order(waiting, limits.max_chunk_samples):
@@ -154,6 +133,32 @@ def _affordable(audio: int, seqs: int, cost: CostModel, limits: StepLimits) -> i
     return samples // GRANULE_SAMPLES * GRANULE_SAMPLES
 
 
-def _plan(chunks: tuple[Chunk, ...], cost: CostModel, limits: StepLimits) -> StepPlan:
+def _plan_redecode(ordered: Sequence[Candidate], cost: CostModel,
+                   limits: StepLimits) -> StepPlan:
+    """Whole pending audio per session, sessions added while the step fits the budget."""
+    chunks: list[Chunk] = []
+    frames = 0
+    estimate = 0.0
+    for cand in ordered:
+        need = max(frames, redecode_frames(cand, cand.pending_samples, cost))
+        more = cost.redecode_estimate_s(len(chunks) + 1, need)
+        if chunks and more > limits.budget_s:
+            break
+        chunks.append(Chunk(cand.session_id, cand.pending_samples))
+        frames, estimate = need, more
+    return StepPlan(tuple(chunks), sum(c.samples for c in chunks), estimate)
+
+
+def redecode_frames(cand: Candidate, take: int, cost: CostModel) -> int:
+    """Encoder frames (10 ms) of a session's re-decode after taking ``take`` samples."""
+    pad = cost.redecode.pad_frames if cost.redecode is not None else 0
+    return (cand.context_samples + take) // GRANULE_SAMPLES + pad
+
+
+def _plan(chunks: tuple[Chunk, ...], cost: CostModel, limits: StepLimits,
+          candidates: Sequence[Candidate] = ()) -> StepPlan:
     audio = sum(c.samples for c in chunks)
+    if cost.redecode is not None and candidates:
+        frames = max(redecode_frames(c, c.pending_samples, cost) for c in candidates)
+        return StepPlan(chunks, audio, cost.redecode_estimate_s(len(chunks), frames))
     return StepPlan(chunks, audio, cost.estimate_s(audio / limits.sample_rate, len(chunks)))

@@ -9,6 +9,11 @@ cursor keeps only the words that end before it and rewinds the cursor there;
 the re-feed is scheduled in capped chunks like any audio. The buffer keeps
 only what a rewind or a future event can still reach.
 
+A re-decoding engine (Whisper) is fed the same way; its stream keeps the
+utterance's audio and decodes all of it each step, so the session's candidate
+also says how much audio the utterance already holds (``context_samples``), the
+part of a step's cost that the new audio does not show.
+
 No I/O here: the worker drives ``receive``/``take``/``after_chunk``/``settle``
 between engine steps and sends the events these return.
 """
@@ -20,12 +25,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from engines.base import BYTES_PER_SAMPLE, DecodeOptions, EngineStream, Hypothesis
+from engines.resample import StreamResampler
 from lanegate.constants import ENGINE_SAMPLE_RATE
 from lanegate.transcript import Word
 from lanes.scheduler import Candidate
-from vad import SegmentEnded, StreamingSegmenter, VadSettings
-from workers.engines.base import BYTES_PER_SAMPLE, EngineStream, Hypothesis
-from workers.engines.resample import StreamResampler
+from vad import SegmentEnded, SpeechStarted, StreamingSegmenter, VadSettings
 
 Event = dict[str, Any]
 RATE = ENGINE_SAMPLE_RATE
@@ -55,10 +60,31 @@ def ms(samples: int) -> int:
     return samples * 1000 // RATE
 
 
+def decode_options(language: object = None, prompt: object = None,
+                   temperature: object = None) -> DecodeOptions:
+    """A session's decoder options from its wire values (None or "" where absent);
+    ``ValueError`` names the bad one. ``en-US`` is passed on as ``en``."""
+    if language is not None and not isinstance(language, str):
+        raise ValueError("language must be a string")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError("prompt must be a string")
+    temp = 0.0
+    if temperature not in (None, ""):
+        try:
+            temp = float(str(temperature))
+        except ValueError:
+            raise ValueError("temperature must be a number") from None
+        if not 0.0 <= temp <= 1.0:
+            raise ValueError("temperature must be from 0 to 1")
+    code = (language or "").strip().lower().split("-")[0] or None
+    return DecodeOptions(language=code, prompt=prompt or "", temperature=temp)
+
+
 class RealtimeSession:
     def __init__(self, session_id: str, sample_rate: int, stream: EngineStream,
                  vad_settings: VadSettings, max_utterance_samples: int,
-                 vad_inline_samples: int = VAD_INLINE_SAMPLES) -> None:
+                 vad_inline_samples: int = VAD_INLINE_SAMPLES,
+                 partial_interval_s: float = 0.0) -> None:
         self.session_id = session_id
         self.sample_rate = sample_rate
         self.stream = stream
@@ -75,6 +101,11 @@ class RealtimeSession:
         self._max_utterance = max_utterance_samples
         self._vad_inline = vad_inline_samples
         self.segment = 0
+        # a partial goes out when its text changed, at most every partial_interval_s
+        self._partial_interval = partial_interval_s
+        self._partial_text = ""  # the last partial sent, in this utterance
+        self._partial_at = -float("inf")
+        self._notices: list[Event] = []  # speech_started events, out with the next settle
         self.ended = False  # the client sent its last audio
         self._vad_flushed = False
         self.closed = False
@@ -104,9 +135,11 @@ class RealtimeSession:
             return
         start = self.buffered_end
         self._buf += pcm16k
-        paced = max(now, self._paced_until)
-        self._arrivals.append((start, paced))
-        self._paced_until = paced + (self.buffered_end - start) / RATE
+        if now > self._paced_until or not self._arrivals:
+            self._arrivals.append((start, now))
+        # else the last entry already paces this audio: it would be logged as (start,
+        # _paced_until), exactly what the last one extrapolates to; a burst adds nothing
+        self._paced_until = max(now, self._paced_until) + (self.buffered_end - start) / RATE
 
     def analyse(self, max_samples: int) -> None:
         """Run the VAD over at most ``max_samples`` more of the buffered audio.
@@ -123,10 +156,35 @@ class RealtimeSession:
             self._queue_cuts(self._vad.flush())
             self._vad_flushed = True
 
+    def commit(self) -> None:
+        """The client committed its audio so far: the utterance ends at the end of the
+        audio received, and a ``final`` with cut "commit" follows even if it held no
+        speech (the client waits for one answer per commit)."""
+        if self.ended:
+            return
+        self.analyse(self.buffered_end)
+        cuts = [e for e in self._vad.cut() if isinstance(e, SegmentEnded)]
+        end = self.buffered_end
+        start = cuts[0].start if cuts else end
+        self._cuts.append(CutPoint(SegmentEnded(start, end, "commit"), self._vad.position))
+
     def _queue_cuts(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, SegmentEnded):
                 self._cuts.append(CutPoint(event, self._vad.position))
+            elif isinstance(event, SpeechStarted):
+                self._notices.append({"type": "speech_started",
+                                      "segment": self.segment + len(self._cuts),
+                                      "start_ms": ms(event.start)})
+
+    @property
+    def undecoded_s(self) -> float:
+        """Audio received and not yet decoded (what a fast sender makes the worker hold)."""
+        return (self.buffered_end - self.cursor) / RATE
+
+    @property
+    def arrivals_logged(self) -> int:
+        return len(self._arrivals)
 
     @property
     def analysis_pending(self) -> bool:
@@ -139,12 +197,20 @@ class RealtimeSession:
         """How far the cursor may go now: the next cut, or all buffered audio."""
         if self._cuts:
             return min(self._cuts[0].segment.end, self.buffered_end)
-        # Audio the VAD has not seen yet may still hold a cut.
-        return self.cursor if self._vad_flushed else self._vad.position
+        # Audio the VAD has not seen yet may still hold a cut. A re-decoding engine also
+        # stops short of an open segment's trailing silence, so it reaches the endpoint
+        # cut exactly and decodes the segment's last chunk as its last (Whisper's final
+        # is then a fresh decode of the whole segment, in the step).
+        if self._vad_flushed:
+            return self.cursor
+        if self.stream.final_redecodes:
+            return max(self.cursor, self._vad.settled)
+        return self._vad.position
 
     def candidate(self) -> Candidate:
         pending = max(0, self.decode_limit - self.cursor)
-        return Candidate(self.session_id, pending, self._oldest_pending_at())
+        return Candidate(self.session_id, pending, self._oldest_pending_at(),
+                         self.cursor - self._origin)
 
     def _oldest_pending_at(self) -> float:
         """Paced arrival time of the sample at the cursor.
@@ -172,19 +238,25 @@ class RealtimeSession:
         samples = min(samples, self.decode_limit - self.cursor)
         off = (self.cursor - self._base) * BYTES_PER_SAMPLE
         self.cursor += samples
+        if self._cuts and self.cursor >= self._cuts[0].segment.end:
+            self.stream.last_chunk()
         return bytes(self._buf[off : off + samples * BYTES_PER_SAMPLE])
 
     # --- events out ------------------------------------------------------------
-    def after_chunk(self, hyp: Hypothesis) -> list[Event]:
+    def after_chunk(self, hyp: Hypothesis, now: float) -> list[Event]:
+        """Events after a decoded chunk: a partial if it carries news (its text changed
+        and ``partial_interval_s`` passed since the last one), then any finals."""
         events: list[Event] = []
-        if hyp.text:
+        if hyp.text and hyp.text != self._partial_text \
+                and now - self._partial_at >= self._partial_interval:
+            self._partial_text, self._partial_at = hyp.text, now
             events.append({"type": "partial", "segment": self.segment, "text": hyp.text,
                            "audio_end_ms": ms(self.cursor)})
         return events + self.settle()
 
     def settle(self) -> list[Event]:
         """Finals for every cut the cursor has reached; then trim the buffer."""
-        events: list[Event] = []
+        events, self._notices = self._notices, []
         while self._cuts and self._cuts[0].segment.end <= self.cursor:
             events.append(self._final(self._cuts.popleft()))
         if not self._cuts and not self.ended:
@@ -211,9 +283,11 @@ class RealtimeSession:
             self.cursor = seg.end
         text = " ".join(w.word for w in words)
         self.stream.start()
+        self._partial_text = ""  # the next utterance's first words are news
         self._origin = self.cursor
         event: Event = {
             "type": "final", "segment": self.segment, "text": text,
+            **({"language": hyp.language} if hyp.language else {}),
             "start_ms": ms(seg.start), "end_ms": ms(seg.end), "cut": seg.reason,
             "audio_end_ms": ms(cut.decided_at),
             "words": [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}

@@ -18,14 +18,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.base import DEFAULT_OPTIONS, CostPrior, DecodeOptions, Engine, Hypothesis
 from lanegate import metrics
 from lanegate.constants import CLOSE_INTERNAL, CLOSE_NORMAL, ENGINE_SAMPLE_RATE
 from lanegate.logs import get_logger
 from lanegate.settings import Settings
-from lanes.cost import CostModel
-from lanes.scheduler import Candidate, StepLimits, StepPlan, create_queue, plan_step
+from lanes.cost import CostModel, percentile
+from lanes.scheduler import (
+    Candidate,
+    OldestPendingFirstQueue,
+    StepLimits,
+    StepPlan,
+    plan_step,
+)
 from lanes.session import VAD_STEP_SAMPLES, Event, RealtimeSession
-from workers.engines.base import Engine, Hypothesis
 
 # Recent step durations kept for the heartbeat's p99.
 RECENT_STEPS = 512
@@ -67,22 +73,19 @@ class SessionHandle:
 class BatchItem:
     segments: list[bytes]
     future: asyncio.Future[list[Hypothesis]]
+    options: DecodeOptions = DEFAULT_OPTIONS
 
 
-def step_limits(settings: Settings, lane: str) -> StepLimits:
+def step_limits(settings: Settings, lane: str, prior: CostPrior | None = None) -> StepLimits:
+    """The cap of ``lane``; a re-decoding engine (its ``prior`` says) has its own budget."""
+    redecodes = prior is not None and prior.redecodes
+    budget_ms = settings.whisper_step_budget_ms if redecodes else settings.step_budget_ms
     return StepLimits(
         max_chunk_samples=settings.max_chunk_ms * ENGINE_SAMPLE_RATE // 1000,
-        budget_s=settings.step_budget_ms / 1000,
+        budget_s=budget_ms / 1000,
         capped=settings.chunk_cap and lane != "mixed",
         sample_rate=ENGINE_SAMPLE_RATE,
     )
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class StepLoop:
@@ -99,12 +102,15 @@ class StepLoop:
         self._dirty: dict[str, None] = {}  # touched or stepped since last settled
         self._ready: dict[str, Candidate] = {}  # sessions with decodable audio
         self.cost = CostModel.from_prior(engine.cost_prior(), settings.cost_ewma_alpha)
-        self.limits = step_limits(settings, lane)
+        self.limits = step_limits(settings, lane, engine.cost_prior())
         # Uncapped (the naive designs) the VAD also takes a burst in one piece.
         self.vad_slice_samples = VAD_STEP_SAMPLES if self.limits.capped else 2**62
-        self.queue = create_queue()
+        self.queue = OldestPendingFirstQueue()
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self.steps = 0
+        #: monotonic time the engine call of the realtime step in flight began (a
+        #: watchdog reads it); None between steps
+        self.step_started: float | None = None
         self._batch: deque[BatchItem] = deque()
         self._wake = asyncio.Event()
         self.idle = asyncio.Event()  # set while no session is active
@@ -113,6 +119,11 @@ class StepLoop:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._log = get_logger("lanegate.steploop", lane=lane, worker=worker_id)
         self._labels = {"lane": lane, "worker": worker_id}
+
+    @property
+    def stepping(self) -> bool:
+        """A realtime step is running in the executor."""
+        return self.step_started is not None
 
     # --- inputs (called from connection handlers) ---------------------------------
     def add(self, session: RealtimeSession,
@@ -137,9 +148,11 @@ class StepLoop:
         self._flush_all = True
         self.wake()
 
-    async def submit_batch(self, segments: list[bytes]) -> list[Hypothesis]:
-        """Mixed mode: decode these segments in one uncapped work item of this loop."""
-        item = BatchItem(segments, asyncio.get_running_loop().create_future())
+    async def submit_batch(self, segments: list[bytes],
+                           options: DecodeOptions = DEFAULT_OPTIONS) -> list[Hypothesis]:
+        """Mixed mode: decode these segments (one job's decoder options) in one uncapped
+        work item of this loop."""
+        item = BatchItem(segments, asyncio.get_running_loop().create_future(), options)
         self._batch.append(item)
         self.wake()
         return await item.future
@@ -229,6 +242,7 @@ class StepLoop:
         work = [(h.session.stream, h.session.take(c.samples))
                 for h, c in zip(handles, plan.chunks, strict=True)]
         started = time.perf_counter()
+        self.step_started = time.monotonic()
         try:
             hyps = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self.engine.step, work)
@@ -237,32 +251,43 @@ class StepLoop:
             for handle in handles:
                 self._fail(handle, "the engine failed on this session's audio")
             return
-        self._record_step(time.perf_counter() - started, plan.audio_samples, len(work))
+        finally:
+            self.step_started = None
+        self._record_step(time.perf_counter() - started, plan.audio_samples, len(work),
+                          learn=True)
+        now = time.monotonic()
         for handle, hyp in zip(handles, hyps, strict=True):
             self.touch(handle)
             try:
-                handle.send(self._counted(handle.session.after_chunk(hyp)))
+                handle.send(self._counted(handle.session.after_chunk(hyp, now)))
             except Exception:
                 self._log.exception("session_failed", session_id=handle.session.session_id)
                 self._fail(handle, "the worker failed on this session")
 
     async def _run_batch_item(self, item: BatchItem) -> None:
+        live_streams = len(self.sessions)  # none of them steps until the item is done
         started = time.perf_counter()
         try:
             hyps = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.engine.transcribe_batch, item.segments)
+                self._executor, self.engine.transcribe_batch, item.segments, item.options)
         except Exception as exc:
             if not item.future.done():
                 item.future.set_exception(exc)
             return
         samples = sum(len(s) for s in item.segments) // 2
-        self._record_step(time.perf_counter() - started, samples, 0)
+        elapsed = time.perf_counter() - started
+        self._record_step(elapsed, samples, 0)
+        metrics.record_long_prefill(self._labels, elapsed, live_streams)
         if not item.future.done():
             item.future.set_result(hyps)
 
-    def _record_step(self, seconds: float, samples: int, seqs: int) -> None:
+    def _record_step(self, seconds: float, samples: int, seqs: int, *,
+                     learn: bool = False) -> None:
         audio_s = samples / ENGINE_SAMPLE_RATE
-        if seqs:
+        profile = self.engine.last_profile()
+        if learn and profile is not None:
+            self.cost.observe_profile(seconds, profile)
+        elif learn and seqs:
             self.cost.observe(seconds, audio_s, seqs)
         self.step_times.append(seconds)
         self.steps += 1

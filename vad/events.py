@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-SegmentReason = Literal["endpoint", "max_window", "end"]
-SEGMENT_REASONS: tuple[SegmentReason, ...] = ("endpoint", "max_window", "end")
+#: "commit": the caller ended the segment (``StreamingSegmenter.cut``)
+SegmentReason = Literal["endpoint", "max_window", "end", "commit"]
+SEGMENT_REASONS: tuple[SegmentReason, ...] = ("endpoint", "max_window", "end", "commit")
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from lanegate.constants import SAMPLE_WIDTH
 from vad.settings import VadSettings
 
-BYTES_PER_SAMPLE = 2
 # Block of caller-rate audio handed to the resampler at a time.
 RESAMPLE_BLOCK_MS = 10
 
@@ -27,11 +27,11 @@ class Framer:
     def __init__(self, settings: VadSettings) -> None:
         self.rate = settings.vad_rate
         self.frame_samples = self.rate * settings.frame_ms // 1000
-        self.frame_bytes = self.frame_samples * BYTES_PER_SAMPLE
+        self.frame_bytes = self.frame_samples * SAMPLE_WIDTH
         self._buf = bytearray()
         self._resampler: soxr.ResampleStream | None = None
         self._in_buf = bytearray()
-        self._block_bytes = settings.sample_rate * RESAMPLE_BLOCK_MS // 1000 * BYTES_PER_SAMPLE
+        self._block_bytes = settings.sample_rate * RESAMPLE_BLOCK_MS // 1000 * SAMPLE_WIDTH
         if self.rate != settings.sample_rate:
             self._resampler = soxr.ResampleStream(
                 settings.sample_rate, self.rate, 1, dtype="float32", quality="HQ"
@@ -40,7 +40,7 @@ class Framer:
     @property
     def buffered_samples(self) -> int:
         """Samples at the VAD rate waiting to complete a frame."""
-        return len(self._buf) // BYTES_PER_SAMPLE
+        return len(self._buf) // SAMPLE_WIDTH
 
     def push(self, pcm: bytes | bytearray | memoryview) -> Frames:
         if self._resampler is None:

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import webrtcvad
 
+from lanegate.constants import SAMPLE_WIDTH
 from vad.errors import VadError
 from vad.events import (
     SEGMENT_REASONS,
@@ -24,7 +25,7 @@ from vad.events import (
     SpeechStarted,
     VadEvent,
 )
-from vad.framer import BYTES_PER_SAMPLE, Framer
+from vad.framer import Framer
 from vad.settings import VadSettings
 
 __all__ = [
@@ -86,6 +87,20 @@ class StreamingSegmenter:
         return self._position
 
     @property
+    def settled(self) -> int:
+        """Caller-rate samples that no future endpoint cut ends at or before: all audio
+        pushed, except the trailing silence of a segment still open and its last
+        sample before the earliest end an endpoint could give it (the last speech plus
+        the pad). A decoder that stops here still has the segment's last chunk to
+        decode when the cut comes, never decodes past it. (A max-window soft cut may
+        still end earlier: at the quietest point of its search range.)"""
+        if self._state is _State.IDLE:
+            return self._position
+        # the earliest an endpoint can close it: at the next frame, after no more speech
+        end = self._speech_end((self._frames + 1) * self._n)
+        return min(self._position, self._to_ext(end) - 1)
+
+    @property
     def earliest_needed(self) -> int:
         """Lowest caller-rate sample index any future event can reference."""
         if self._state is not _State.IDLE:
@@ -98,13 +113,13 @@ class StreamingSegmenter:
         if self._flushed:
             raise VadError("push() after flush(): the stream is finished")
         nbytes = memoryview(pcm).nbytes
-        if nbytes % BYTES_PER_SAMPLE:
+        if nbytes % SAMPLE_WIDTH:
             raise VadError(
                 f"PCM must be s16le mono (2 bytes per sample); got an odd byte count {nbytes}"
             )
         if nbytes == 0:
             return []
-        self._position += nbytes // BYTES_PER_SAMPLE
+        self._position += nbytes // SAMPLE_WIDTH
         frames, energies = self._framer.push(pcm)
         return self._process(frames, energies)
 
@@ -120,6 +135,20 @@ class StreamingSegmenter:
             events.append(SegmentEnded(self._to_ext(self._start), end, "end"))
         self._state = _State.IDLE
         self._energies.clear()
+        return events
+
+    def cut(self) -> list[VadEvent]:
+        """End an open segment at the last classified frame and keep listening (the
+        caller committed its audio so far); a segment still pending is dropped."""
+        if self._flushed:
+            return []
+        end = self._frames * self._n
+        events: list[VadEvent] = []
+        if self._state is _State.OPEN and end > self._start:
+            events.append(SegmentEnded(self._to_ext(self._start), self._to_ext(end), "commit"))
+        if self._state is not _State.IDLE:
+            self._prev_end = end
+        self._state = _State.IDLE
         return events
 
     def _process(self, frames: bytes, energies: npt.NDArray[np.int64]) -> list[VadEvent]:
@@ -209,13 +238,13 @@ class StreamingSegmenter:
 def segment_pcm(pcm: bytes, settings: VadSettings = VadSettings()) -> list[SegmentEnded]:  # noqa: B008
     """Segments of a whole buffer: the streaming segmenter fed everything, then flushed."""
     view = memoryview(pcm).cast("B")
-    if len(view) % BYTES_PER_SAMPLE:
+    if len(view) % SAMPLE_WIDTH:
         raise VadError(
             f"PCM must be s16le mono (2 bytes per sample); got an odd byte count {len(view)}"
         )
     seg = StreamingSegmenter(settings)
     # Fed in pieces so that working memory stays bounded for long files.
-    step = settings.sample_rate * BYTES_PER_SAMPLE * 10
+    step = settings.sample_rate * SAMPLE_WIDTH * 10
     events: list[VadEvent] = []
     for off in range(0, len(view), step):
         events += seg.push(view[off : off + step])

@@ -1,5 +1,6 @@
 """The batch worker: consumes the job stream, VAD-segments long audio, batches
 segments across jobs, runs the engine, stores results (see ``lanes.queue``).
+(Over 400 lines: one consumer whose steps all act on the same held jobs.)
 
 Loop, one iteration:
 
@@ -25,14 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -41,27 +37,33 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from engines.base import DEFAULT_OPTIONS, DecodeOptions, Hypothesis
 from lanegate import metrics
 from lanegate.blobs import BlobError, BlobStore
-from lanegate.constants import ENGINE_SAMPLE_RATE, SAMPLE_WIDTH
-from lanegate.logs import configure_logging, get_logger
+from lanegate.constants import ENGINE_SAMPLE_RATE, SAMPLE_WIDTH, WorkerLane
+from lanegate.logs import get_logger
+from lanegate.redis_io import redis_client
 from lanegate.settings import Settings
-from lanegate.transcript import Segment, Transcript, Word
+from lanegate.transcript import Transcript
 from lanegate.webhooks import WebhookDispatcher
-from lanes.queue import Delivery, JobQueue, redis_client
-from vad import SegmentEnded, StreamingSegmenter, VadError, VadSettings
-from workers import registry
-from workers.engines.base import Hypothesis
+from lanes import registry
+from lanes.batching import Batch, HeldJob, jobs_of, next_batch, undispatch
+from lanes.job_audio import PoisonAudio, audio_path, load_segments, read_segment, to_segment
+from lanes.job_protocol import Delivery, Outcome, Standing
+from lanes.queue import JobQueue
+from lanes.sweeper import BlobSweeper
+from vad import VadSettings
+from workers import process
+from workers.process import WorkerShell, default_worker_id, on_stop_signals, wait
 
-Decode = Callable[[list[bytes]], Awaitable[list[Hypothesis]]]
+#: mixed mode's decode: segments that share decoder options, in one call
+Decode = Callable[[list[bytes], DecodeOptions], Awaitable[list[Hypothesis]]]
 
 #: how long an idle worker blocks on XREADGROUP (bounds its reaction to SIGTERM)
 BLOCK_MS = 500
 #: Redis outage backoff: first delay and cap
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
-#: VAD reads the audio file in pieces this long
-READ_CHUNK_S = 10
 _END = object()
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ReadOnlyError)
 
@@ -69,104 +71,35 @@ log = get_logger("workers.batch")
 
 
 class BatchEngine(Protocol):
-    """The part of ``workers.engines.base.Engine`` the batch lane needs."""
+    """The part of ``engines.base.Engine`` the batch lane needs."""
 
     name: str
 
-    def transcribe_batch(self, segments: Sequence[bytes]) -> list[Hypothesis]: ...
+    def transcribe_batch(self, segments: Sequence[bytes],
+                         options: DecodeOptions = DEFAULT_OPTIONS) -> list[Hypothesis]: ...
 
 
-class PoisonAudio(ValueError):
-    """A job's audio cannot be processed; retrying will not help."""
+def _by_options(batch: list[tuple[HeldJob, int]], pcms: list[bytes]
+                ) -> dict[DecodeOptions, list[tuple[HeldJob, int, bytes]]]:
+    """The batch's segments grouped by their job's decoder options (language, prompt,
+    temperature): one engine call decodes one group."""
+    groups: dict[DecodeOptions, list[tuple[HeldJob, int, bytes]]] = {}
+    for (held, index), pcm in zip(batch, pcms, strict=True):
+        groups.setdefault(held.options, []).append((held, index, pcm))
+    return groups
 
 
-def audio_path(blobs: BlobStore, job_id: str) -> Path:
-    """Where the job's PCM lives (without creating anything)."""
-    try:
-        return blobs.dir(job_id) / "audio.pcm"
-    except BlobError as exc:
-        raise PoisonAudio(str(exc)) from exc
-
-
-def load_segments(path: Path, vad: VadSettings) -> tuple[list[SegmentEnded], int]:
-    """VAD segments of a PCM blob and its length in samples; raises PoisonAudio."""
-    if not path.is_file():
-        raise PoisonAudio("audio blob is missing")
-    size = path.stat().st_size
-    if size == 0:
-        raise PoisonAudio("audio blob is empty")
-    if size % SAMPLE_WIDTH:
-        raise PoisonAudio(f"corrupt audio blob: {size} bytes is not whole 16-bit samples")
-    segmenter = StreamingSegmenter(vad)
-    events: list[Any] = []
-    try:
-        with path.open("rb") as f:
-            while chunk := f.read(READ_CHUNK_S * ENGINE_SAMPLE_RATE * SAMPLE_WIDTH):
-                events += segmenter.push(chunk)
-        events += segmenter.flush()
-    except (OSError, VadError) as exc:
-        raise PoisonAudio(f"unreadable audio blob: {exc}") from exc
-    return [e for e in events if isinstance(e, SegmentEnded)], size // SAMPLE_WIDTH
-
-
-def read_segment(path: Path, seg: SegmentEnded) -> bytes:
-    with path.open("rb") as f:
-        f.seek(seg.start * SAMPLE_WIDTH)
-        return f.read(seg.length * SAMPLE_WIDTH)
-
-
-def to_segment(seg: SegmentEnded, hyp: Hypothesis) -> Segment:
-    offset = seg.start / ENGINE_SAMPLE_RATE
-    words = tuple(Word(w.word, round(w.start + offset, 3), round(w.end + offset, 3))
-                  for w in hyp.words)
-    return Segment(start=round(offset, 3), end=round(seg.end / ENGINE_SAMPLE_RATE, 3),
-                   text=hyp.text.strip(), words=words, cut=seg.reason)
-
-
-@dataclass(eq=False)
-class HeldJob:
-    """A job this worker is processing (one attempt)."""
-
-    delivery: Delivery
-    attempt: int
-    language: str
-    path: Path
-    segments: list[SegmentEnded]
-    total_samples: int
-    claimed_at: float  # time.monotonic()
-    dispatched: int = 0  # segments handed to a batch
-    results: list[Segment] = field(default_factory=list)
-
-    @property
-    def job_id(self) -> str:
-        return self.delivery.job_id
-
-    @property
-    def ready(self) -> bool:
-        return len(self.results) == len(self.segments)
-
-    @property
-    def remaining_s(self) -> float:
-        left = sum(s.length for s in self.segments[self.dispatched:])
-        return left / ENGINE_SAMPLE_RATE
-
-    @property
-    def progress(self) -> float:
-        if not self.results or self.total_samples <= 0:
-            return 0.0
-        done = self.segments[len(self.results) - 1].end
-        return min(1.0, done / self.total_samples)
-
-    @property
-    def audio_s(self) -> float:
-        return self.total_samples / ENGINE_SAMPLE_RATE
+def _record(group: list[tuple[HeldJob, int, bytes]], hyps: list[Hypothesis]) -> None:
+    for (held, index, _), hyp in zip(group, hyps, strict=True):
+        held.results.append(to_segment(held.segments[index], hyp))
+        held.detected.append(hyp.language)
 
 
 class BatchConsumer:
     """Consumes ``JOB_STREAM`` as one consumer of ``JOB_GROUP``."""
 
     def __init__(self, settings: Settings, redis: aioredis.Redis, engine: BatchEngine, *,
-                 lane: str = "batch", decode: Decode | None = None,
+                 lane: WorkerLane = WorkerLane.BATCH, decode: Decode | None = None,
                  worker_id: str | None = None, webhooks: bool = True) -> None:
         self.settings = settings
         self.redis = redis
@@ -190,12 +123,15 @@ class BatchConsumer:
         """Process jobs until ``stop`` is set; then hand back what is unfinished.
 
         Also runs a ``WebhookDispatcher`` (unless ``webhooks=False``) for as long,
-        so every process that consumes jobs also delivers their webhooks."""
+        so every process that consumes jobs also delivers their webhooks, and the
+        ``BlobSweeper`` of orphaned blobs."""
         done = asyncio.Event()
         helpers = [asyncio.create_task(self._touch_loop(stop))]
         if self.webhooks:
             hooks = WebhookDispatcher(self.redis, self.settings, worker=self.worker_id)
             helpers.append(asyncio.create_task(hooks.run(done)))
+        sweeper = BlobSweeper(self.redis, self.settings, worker=self.worker_id)
+        helpers.append(asyncio.create_task(sweeper.run(done)))
         try:
             await self._until_ok(stop, self._prepare)
             while not stop.is_set():
@@ -219,12 +155,13 @@ class BatchConsumer:
         if not self._held:
             return
         await self._check()
-        batch = self._next_batch()
+        batch = next_batch(self._held.values(),
+                           self.settings.batch_max_audio_s * ENGINE_SAMPLE_RATE)
         if batch:
             await self._run_batch(batch)
         await self._store_ready()
 
-    async def _guarded(self, stop: asyncio.Event, op: Callable[..., Awaitable[None]],
+    async def _guarded(self, stop: asyncio.Event | None, op: Callable[..., Awaitable[None]],
                        *args: Any) -> bool:
         """Run ``op``; on a Redis outage wait (with backoff) and return False."""
         try:
@@ -232,7 +169,7 @@ class BatchConsumer:
         except REDIS_ERRORS as exc:
             self.ready = False
             self.log.warning("redis_unavailable", error=str(exc), retry_in_s=self._backoff)
-            await _wait(stop, self._backoff)
+            await wait(stop, self._backoff)
             self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
             return False
         except ResponseError as exc:
@@ -252,6 +189,8 @@ class BatchConsumer:
     # --- taking jobs ----------------------------------------------------------------
 
     def _wants_more(self) -> bool:
+        if any(h.isolated for h in self._held.values()):
+            return False  # a suspect job runs with nothing new beside it (a crash costs less)
         held_audio = sum(h.remaining_s for h in self._held.values())
         return (len(self._held) < self.settings.batch_max_jobs
                 and held_audio < self.settings.batch_max_audio_s)
@@ -280,10 +219,10 @@ class BatchConsumer:
             return
         started = await self.queue.start(d)
         jlog = self.log.bind(job_id=d.job_id, entry=d.entry_id)
-        if started.outcome == "skip":
+        if started.outcome is Outcome.SKIP:
             jlog.info("job_skipped", reason=started.reason)
             return
-        if started.outcome == "dead":
+        if started.outcome is Outcome.DEAD:
             self._count("failed")
             jlog.warning("job_dead_lettered", reason=started.reason)
             self._delete_audio(d.job_id)
@@ -298,8 +237,11 @@ class BatchConsumer:
         except PoisonAudio as exc:
             await self._fail(d, started.attempt, str(exc))
             return
-        held = HeldJob(d, started.attempt, job.language if job else "en", path, segments,
-                       samples, time.monotonic())
+        # its last attempt was charged (an engine error, or its worker died): maybe the bad one
+        held = HeldJob(d, started.attempt, job.language if job else "", path, segments,
+                       samples, time.monotonic(), isolated=started.attempt > 1,
+                       prompt=job.prompt if job else "",
+                       temperature=job.temperature if job else None)
         self._held[d.job_id] = held
         jlog.info("job_started", attempt=started.attempt, audio_s=round(held.audio_s, 3),
                   segments=len(segments),
@@ -321,10 +263,10 @@ class BatchConsumer:
         states = await self.queue.states({j: h.attempt for j, h in self._held.items()})
         for job_id, state in states.items():
             held = self._held.get(job_id)
-            if held is None or state == "ok":
+            if held is None or state is Standing.OK:
                 continue
             del self._held[job_id]
-            if state == "cancelled":
+            if state is Standing.CANCELLED:
                 await self.queue.drop(held.delivery)
                 self._delete_audio(job_id)
                 self.log.info("job_cancel_seen", job_id=job_id, attempt=held.attempt,
@@ -333,26 +275,11 @@ class BatchConsumer:
                 self.log.warning("job_lost", job_id=job_id, attempt=held.attempt,
                                  reason="another attempt owns it, or it finished or expired")
 
-    def _next_batch(self) -> list[tuple[HeldJob, int]]:
-        """The oldest held jobs' next segments, up to ``batch_max_audio_s`` (at least one)."""
-        batch: list[tuple[HeldJob, int]] = []
-        budget = self.settings.batch_max_audio_s * ENGINE_SAMPLE_RATE
-        used = 0
-        for held in self._held.values():
-            while held.dispatched < len(held.segments):
-                length = held.segments[held.dispatched].length
-                if batch and used + length > budget:
-                    return batch
-                batch.append((held, held.dispatched))
-                held.dispatched += 1
-                used += length
-        return batch
-
-    async def _run_batch(self, batch: list[tuple[HeldJob, int]]) -> None:
+    async def _run_batch(self, batch: Batch) -> None:
         try:
             pcms = [read_segment(h.path, h.segments[i]) for h, i in batch]
         except OSError as exc:  # the blob vanished: most likely cancelled just now
-            _undispatch(batch)
+            undispatch(batch)
             await self._check()
             await self._fail_vanished(batch, exc)
             return
@@ -361,49 +288,71 @@ class BatchConsumer:
         try:
             await self._decode_batch(batch, pcms)
         except REDIS_ERRORS:
-            _undispatch(batch)  # decoded segments are kept; the rest go in a later batch
+            undispatch(batch)  # decoded segments are kept; the rest go in a later batch
             raise
         except Exception as exc:  # an engine error costs the jobs in the batch an attempt
             await self._engine_failed(batch, exc)
             return
         except BaseException:
-            _undispatch(batch)
+            undispatch(batch)
             raise
         elapsed = time.perf_counter() - started
-        self._observe_batch(audio_s, elapsed, len(pcms), len(_unique(h for h, _ in batch)))
+        self._observe_batch(audio_s, elapsed, len(pcms), len(jobs_of(batch)))
 
-    async def _decode_batch(self, batch: list[tuple[HeldJob, int]], pcms: list[bytes]) -> None:
+    async def _decode_batch(self, batch: Batch, pcms: list[bytes]) -> None:
         """Decode and record results; progress is written as each segment lands
         (after every segment with the default decode, after the call otherwise)."""
         if self._custom_decode is not None:
-            hyps = await self._custom_decode(pcms)
-            if len(hyps) != len(pcms):
-                raise RuntimeError(f"decode returned {len(hyps)} results for {len(pcms)}")
-            for (held, index), hyp in zip(batch, hyps, strict=True):
-                held.results.append(to_segment(held.segments[index], hyp))
-            for held in _unique(h for h, _ in batch):
+            for options, group in _by_options(batch, pcms).items():
+                hyps = await self._custom_decode([p for _, _, p in group], options)
+                if len(hyps) != len(group):
+                    raise RuntimeError(f"decode returned {len(hyps)} results for {len(group)}")
+                _record(group, hyps)
+            for held in jobs_of(batch):
                 await self._write_progress(held)
             return
         step = metrics.STEP_DURATION.labels(lane=self.lane, worker=self.worker_id)
+        if getattr(self.engine, "transcribe_segment_pieces", None) is None:
+            # A batching engine (Whisper): one call per set of decoder options.
+            for options, group in _by_options(batch, pcms).items():
+                t0 = time.perf_counter()
+                hyps = await asyncio.to_thread(
+                    self.engine.transcribe_batch, [p for _, _, p in group], options)
+                step.observe(time.perf_counter() - t0)
+                _record(group, hyps)
+            for held in jobs_of(batch):
+                await self._write_progress(held)
+            return
         for (held, index), pcm in zip(batch, pcms, strict=True):
             t0 = time.perf_counter()
             hyp = await self._decode_one(pcm)
             step.observe(time.perf_counter() - t0)
-            held.results.append(to_segment(held.segments[index], hyp))
+            _record([(held, index, pcm)], [hyp])
             await self._write_progress(held)
 
     async def _write_progress(self, held: HeldJob) -> None:
         if not held.ready and self._held.get(held.job_id) is held:
-            await self.queue.progress(held.delivery, held.attempt, held.progress)
+            await self.queue.progress(held.delivery, held.attempt, held.progress,
+                                      held.text_so_far)
 
-    async def _fail_vanished(self, batch: list[tuple[HeldJob, int]], exc: OSError) -> None:
-        for held in _unique(h for h, _ in batch):
+    async def _fail_vanished(self, batch: Batch, exc: OSError) -> None:
+        for held in jobs_of(batch):
             if held.job_id in self._held:
                 await self._fail(held.delivery, held.attempt, f"audio blob vanished: {exc}")
 
-    async def _engine_failed(self, batch: list[tuple[HeldJob, int]], exc: Exception) -> None:
+    async def _engine_failed(self, batch: Batch, exc: Exception) -> None:
+        """A batch of several jobs is retried one job at a time, uncharged; a job that
+        fails alone is charged the attempt."""
         reason = f"engine error: {type(exc).__name__}: {exc}"
-        for held in _unique(h for h, _ in batch):
+        jobs = jobs_of(batch)
+        undispatch(batch)
+        if len(jobs) > 1:
+            for held in jobs:
+                held.isolated = True
+            self.log.warning("batch_failed", jobs=[h.job_id for h in jobs], reason=reason,
+                             retry="one job at a time")
+            return
+        for held in jobs:
             self._held.pop(held.job_id, None)
             if await self.queue.release(held.delivery, held.attempt, count_attempt=True,
                                         error=reason):
@@ -423,7 +372,8 @@ class BatchConsumer:
 
     async def _store_ready(self) -> None:
         for held in [h for h in self._held.values() if h.ready]:
-            transcript = Transcript.from_segments(held.results, held.audio_s, held.language)
+            transcript = Transcript.from_segments(held.results, held.audio_s,
+                                                  held.result_language)
             stored = await self.queue.complete(held.delivery, held.attempt, transcript)
             self._held.pop(held.job_id, None)
             if not stored:
@@ -450,8 +400,7 @@ class BatchConsumer:
         """Store finished jobs and hand every other held job back (not an attempt)."""
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while self._held and time.monotonic() < deadline:
-            gave_up = asyncio.Event()
-            if await self._guarded(gave_up, self._hand_back_all):
+            if await self._guarded(None, self._hand_back_all):
                 return
         if self._held:  # Redis never came back: the entries stay pending and are reclaimed
             self.log.warning("job_hand_back_failed", jobs=sorted(self._held))
@@ -483,11 +432,6 @@ class BatchConsumer:
                                      reason="entry reclaimed by another worker")
 
     # --- engine -------------------------------------------------------------------------
-
-    async def engine_decode(self, pcms: list[bytes]) -> list[Hypothesis]:
-        """The default decode as a ``Decode`` callable: one engine call per segment,
-        each off the event loop (what a mixed worker can reuse)."""
-        return [await self._decode_one(pcm) for pcm in pcms]
 
     async def _decode_one(self, pcm: bytes) -> Hypothesis:
         pieces: Callable[[bytes], Generator[Hypothesis | None, None, None]] | None = getattr(
@@ -531,69 +475,28 @@ async def _next_piece(gen: Generator[Hypothesis | None, None, None]) -> object:
         raise
 
 
-def _undispatch(batch: list[tuple[HeldJob, int]]) -> None:
-    """Segments of an interrupted batch that got no result go back to the pool."""
-    for held in _unique(h for h, _ in batch):
-        held.dispatched = len(held.results)
-
-
-def _unique(items: Iterator[HeldJob] | Any) -> list[HeldJob]:
-    seen: dict[int, HeldJob] = {}
-    for item in items:
-        seen.setdefault(id(item), item)
-    return list(seen.values())
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 # --- the process ----------------------------------------------------------------------
 
 
 def main(settings: Settings) -> int:
     """Run one batch worker process until SIGTERM/SIGINT; exit code."""
-    worker_id = settings.worker_id or default_worker_id()
-    configure_logging(settings.log_level, lane="batch", worker=worker_id)
-    if not settings.redis_url:
-        log.error("worker_no_redis", reason="LANEGATE_REDIS_URL is required for a worker")
-        return 2
-    return asyncio.run(_serve(settings.replace(worker_id=worker_id)))
+    return process.main(settings, WorkerLane.BATCH, _serve)
 
 
 async def _serve(settings: Settings) -> int:
-    from workers.engines import create_engine
+    from engines import create_engine
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    on_stop_signals(stop.set)
     engine = await asyncio.to_thread(create_engine, settings, slots=0)
     redis = redis_client(settings.redis_url)
     consumer = BatchConsumer(settings, redis, engine)
-    metrics.init_worker_series("batch", consumer.worker_id)
-    runner, url = await _start_http(settings, consumer)
-    tasks = [asyncio.create_task(_heartbeat(redis, settings, consumer, engine.name, url, stop))]
-    log.info("worker_started", url=url, engine=engine.name)
-    try:
-        await consumer.run(stop)
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        with contextlib.suppress(*REDIS_ERRORS):
-            await registry.remove(redis, consumer.worker_id, "batch")
-        await runner.cleanup()
-        await redis.aclose()
-    log.info("worker_stopped")
-    return 0
 
+    def info() -> registry.WorkerInfo:
+        return registry.WorkerInfo(worker_id=consumer.worker_id, lane=WorkerLane.BATCH,
+                                   url=shell.url, engine=engine.name, slots_total=0,
+                                   slots_free=0, step_p99_ms=0.0)
 
-async def _start_http(settings: Settings, consumer: BatchConsumer) -> tuple[web.AppRunner, str]:
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "worker": consumer.worker_id})
 
@@ -602,28 +505,16 @@ async def _start_http(settings: Settings, consumer: BatchConsumer) -> tuple[web.
         return web.json_response({"ready": consumer.ready, "held_jobs": consumer.held_jobs},
                                  status=status)
 
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics.metrics_view)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.worker_host, settings.worker_port)
-    await site.start()
-    port = runner.addresses[0][1] if runner.addresses else settings.worker_port
-    host = settings.worker_advertise_host or settings.worker_host
-    return runner, f"http://{host}:{port}"
-
-
-async def _heartbeat(redis: aioredis.Redis, settings: Settings, consumer: BatchConsumer,
-                     engine: str, url: str, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        info = registry.WorkerInfo(worker_id=consumer.worker_id, lane="batch", url=url,
-                                   engine=engine, slots_total=0, slots_free=0,
-                                   step_p99_ms=0.0)
-        with contextlib.suppress(*REDIS_ERRORS):
-            await registry.publish(redis, info, settings.heartbeat_ttl_s)
-        await _wait(stop, settings.heartbeat_s)
+    shell = WorkerShell(settings, redis, WorkerLane.BATCH, consumer.worker_id, info)
+    await shell.start(shell.app(healthz, readyz))
+    log.info("worker_started", url=shell.url, engine=engine.name)
+    try:
+        await consumer.run(stop)
+    finally:
+        await shell.close()
+        await redis.aclose()
+    log.info("worker_stopped")
+    return 0
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from aiohttp import WSMsgType, web
 
 from lanegate.constants import CLOSE_POLICY, LINK_BATCH_BYTES, LINK_RECORD_HEADER
 from lanegate.logs import get_logger
+from lanegate.settings import Settings
 from lanes.session import Event
 from lanes.steploop import Close, SessionHandle
 from workers.validation import Refused, session_params
@@ -28,11 +29,19 @@ from workers.validation import Refused, session_params
 if TYPE_CHECKING:
     from workers.realtime import RealtimeWorker
 
-LINK_PATH = "/internal/v1/link"
 RECORD = struct.Struct(LINK_RECORD_HEADER)
 MAX_CHANNEL = 2**32 - 1
 
 log = get_logger("lanegate.worker.link")
+
+
+def heartbeat_s(settings: Settings) -> float:
+    """aiohttp's ``heartbeat=`` for the worker's sockets: after this long with nothing
+    received it pings, and closes the socket if no pong comes within half of that. So a
+    silent gateway is dropped 0.75 x ``link_timeout_s`` after its last message (plus up
+    to 1 s where aiohttp rounds a timer over 5 s up to a whole second): within
+    ``link_timeout_s`` from 4 s up. A live gateway pings every few hundred ms."""
+    return settings.link_timeout_s / 2
 
 
 class ProtocolViolation(ValueError):
@@ -59,6 +68,8 @@ def control_op(data: str) -> tuple[str, int, dict[str, Any]]:
     """``(op, channel, the whole op)`` of one text message."""
     try:
         op = json.loads(data)
+    except RecursionError:
+        raise ProtocolViolation("a control op nests too deep") from None
     except ValueError:
         raise ProtocolViolation("text messages must be JSON") from None
     if not isinstance(op, dict):
@@ -67,7 +78,7 @@ def control_op(data: str) -> tuple[str, int, dict[str, Any]]:
     if isinstance(channel, bool) or not isinstance(channel, int) \
             or not 0 <= channel <= MAX_CHANNEL:
         raise ProtocolViolation(f"ch must be a uint32, got {channel!r}")
-    if op.get("op") not in ("open", "end", "abandon"):
+    if op.get("op") not in ("open", "end", "commit", "abandon"):
         raise ProtocolViolation(f"unknown op {op.get('op')!r}")
     return op["op"], channel, op
 
@@ -105,6 +116,8 @@ class Link:
             self._open(channel, fields)
         elif op == "end":
             self._end(channel)
+        elif op == "commit":
+            self._commit(channel)
         else:
             self._abandon(channel)
 
@@ -114,7 +127,8 @@ class Link:
         session_id = fields.get("session_id")
         try:
             session_id, rate = session_params(session_id, fields.get("sample_rate"))
-            handle = self.worker.open_session(session_id, rate, sink=self._sink(channel))
+            handle = self.worker.open_session(session_id, rate, sink=self._sink(channel),
+                                              vad=fields.get("vad"), options=fields)
         except Refused as exc:
             self.worker.log_refusal(exc, session_id if isinstance(session_id, str) else None)
             self._queue(channel, {"type": "error", "code": exc.code, "message": str(exc)})
@@ -131,6 +145,11 @@ class Link:
         handle = self.channels.get(channel)
         if handle is not None:
             self.worker.end_audio(handle)
+
+    def _commit(self, channel: int) -> None:
+        handle = self.channels.get(channel)
+        if handle is not None:
+            self.worker.commit(handle)
 
     def _abandon(self, channel: int) -> None:
         handle = self.channels.pop(channel, None)
@@ -186,14 +205,17 @@ class Link:
 async def serve_link(worker: RealtimeWorker, request: web.Request) -> web.WebSocketResponse:
     """The ``/internal/v1/link`` handler: hello, then serve until the gateway goes."""
     ws = web.WebSocketResponse(max_msg_size=worker.settings.max_frame_bytes
-                               + LINK_BATCH_BYTES + 1024)
+                               + LINK_BATCH_BYTES + 1024,
+                               heartbeat=heartbeat_s(worker.settings))
     await ws.prepare(request)
     await ws.send_json({"type": "link", "worker": worker.worker_id, "lane": worker.lane})
     link = Link(worker, ws)
     sender = asyncio.create_task(link.send())
+    worker.links.add(ws)
     try:
         await link.receive()
     finally:
+        worker.links.discard(ws)
         link.abandon_all()
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -1,4 +1,5 @@
 """The realtime (and mixed) worker: an internal WebSocket server around the step loop.
+(Over 400 lines: its two endpoints and the mixed mode act on the same step loop.)
 
 Serves ``/internal/v1/link`` (a gateway's sessions multiplexed on one WebSocket,
 ``workers/link.py``) and ``/internal/v1/session`` (one session per WebSocket), both
@@ -15,108 +16,115 @@ import asyncio
 import contextlib
 import importlib
 import os
-import signal
-import socket
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import prometheus_client
 import redis.asyncio as aioredis
 from aiohttp import WSMsgType, web
 
+from engines import Engine, NoFreeSlot, create_engine
 from lanegate import metrics
-from lanegate.constants import CLOSE_POLICY
-from lanegate.logs import configure_logging, get_logger
+from lanegate.constants import (
+    CLOSE_GOING_AWAY,
+    CLOSE_OVERLOADED,
+    CLOSE_POLICY,
+    LINK_PATH,
+    WorkerLane,
+)
+from lanegate.logs import get_logger
+from lanegate.redis_io import redis_client
 from lanegate.settings import Settings
-from lanes.queue import redis_client
-from lanes.session import Event, RealtimeSession
-from lanes.steploop import Close, SessionHandle, StepLoop, percentile
+from lanes import registry
+from lanes.cost import percentile
+from lanes.session import Event, RealtimeSession, decode_options
+from lanes.steploop import Close, SessionHandle, StepLoop
 from vad import VadSettings
-from workers import registry
-from workers.engines import Engine, NoFreeSlot, create_engine
-from workers.link import LINK_PATH, serve_link
+from workers import process
+from workers.link import heartbeat_s, serve_link
+from workers.process import (
+    FLUSH_TIMEOUT_S,
+    Handler,
+    WorkerShell,
+    default_worker_id,
+    on_stop_signals,
+    within,
+)
 from workers.validation import (
+    BadRequest,
     Overloaded,
     Refused,
+    SessionExists,
     audio_problem,
     control_problem,
     end_problem,
+    memory_problem,
     session_params,
+    session_vad,
+    token_ok,
+    token_refusal,
 )
+from workers.watchdog import EXIT_STALLED, stalled_step
 
 SESSION_PATH = "/internal/v1/session"
 # Event-loop lag probe period.
 LAG_PROBE_S = 0.05
-# After the drain deadline, how long flushing the last finals may take.
-FLUSH_TIMEOUT_S = 5.0
-# How long leaving the registry may take on the way out (Redis may be down).
-REGISTRY_TIMEOUT_S = 2.0
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class RealtimeWorker:
     def __init__(self, settings: Settings, engine: Engine, redis: aioredis.Redis, *,
-                 lane: str = "realtime") -> None:
-        if lane not in ("realtime", "mixed"):
+                 lane: WorkerLane = WorkerLane.REALTIME) -> None:
+        if lane not in (WorkerLane.REALTIME, WorkerLane.MIXED):
             raise ValueError(f"a realtime worker serves lane realtime or mixed, not {lane!r}")
+        lane = WorkerLane(lane)  # the tests pass plain strings
         self.settings = settings
         self.engine = engine
         self.redis = redis
         self.lane = lane
         self.worker_id = settings.worker_id or default_worker_id()
         self.loop = StepLoop(engine, settings, lane=lane, worker_id=self.worker_id)
+        self.shell = WorkerShell(settings, redis, lane, self.worker_id, self.info)
         self.draining = False
-        self.port = 0
+        # a step outran step_stall_s (workers/watchdog.py): how long it had run, and
+        # set once the worker has left the registry for it
+        self.stall_s: float | None = None
+        self.stalled = asyncio.Event()
         self.lag_s: list[float] = []
         self._stop = asyncio.Event()
         self._batch_stop = asyncio.Event()
         self._stopped = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._batch_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._runner: web.AppRunner | None = None
+        self.links: set[web.WebSocketResponse] = set()  # open gateway links
         self._vad = VadSettings.from_settings(settings)
         self._log = get_logger("lanegate.worker", lane=lane, worker=self.worker_id)
         self._labels = {"lane": lane, "worker": self.worker_id}
 
     @property
     def url(self) -> str:
-        host = self.settings.worker_advertise_host or self.settings.worker_host
-        return f"http://{host}:{self.port}"
+        return self.shell.url
+
+    @property
+    def port(self) -> int:
+        return self.shell.port
 
     # --- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
-        app = web.Application()
+        app = self.shell.app(self._healthz, self._readyz)
+        app.middlewares.append(self._internal_auth)
         app.router.add_get(SESSION_PATH, self._session)
         app.router.add_get(LINK_PATH, self._link)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
-        metrics.init_worker_series(self.lane, self.worker_id)
-        # A bounded shutdown: aiohttp's default waits 60 s for open handlers.
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                                     shutdown_timeout=FLUSH_TIMEOUT_S)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.worker_host, self.settings.worker_port)
-        await site.start()
-        self.port = _bound_port(self._runner)
+        app.on_shutdown.append(self._close_links)
+        await self.shell.start(app)
         self._loop_task = asyncio.create_task(self.loop.run(self._stop))
-        self._spawn(self._heartbeat())
-        self._spawn(self._probe_lag())
-        if self.lane == "mixed":
+        self.shell.spawn(self._probe_lag())
+        if self.lane is WorkerLane.REALTIME:  # a mixed worker's uncapped steps may take long
+            self.shell.spawn(self._watch_steps())
+        if self.lane is WorkerLane.MIXED:
             self._batch_task = asyncio.create_task(self._batch_consumer())
-        await self._publish()
         self._log.info("worker_started", url=self.url, engine=self.engine.name,
                        slots=self.engine.slots_total, capped=self.loop.limits.capped)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def drain(self) -> None:
         """Stop taking sessions, let the active ones finish, flush the rest, stop."""
@@ -124,11 +132,11 @@ class RealtimeWorker:
             return
         self.draining = True
         self._log.info("drain_started", sessions=len(self.loop.sessions))
-        await self._publish()
-        if not await _within(self.loop.idle.wait(), self.settings.drain_timeout_s):
+        await self.shell.publish()
+        if not await within(self.loop.idle.wait(), self.settings.drain_timeout_s):
             self._log.info("drain_timeout", sessions=len(self.loop.sessions))
             self.loop.flush_all()
-            await _within(self.loop.idle.wait(), FLUSH_TIMEOUT_S)
+            await within(self.loop.idle.wait(), FLUSH_TIMEOUT_S)
         await self.stop()
 
     async def stop(self) -> None:
@@ -137,24 +145,23 @@ class RealtimeWorker:
         if self._batch_task is not None:
             # The consumer hands its unfinished jobs back; its last batch needs the loop.
             self._batch_stop.set()
-            if not await _within(asyncio.shield(self._batch_task), FLUSH_TIMEOUT_S):
+            if not await within(asyncio.shield(self._batch_task), FLUSH_TIMEOUT_S):
                 self._batch_task.cancel()
         self._stop.set()  # the step loop ends itself between steps
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, *[t for t in (self._loop_task, self._batch_task) if t],
+        await asyncio.gather(*[t for t in (self._loop_task, self._batch_task) if t],
                              return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await _within(registry.remove(self.redis, self.worker_id, self.lane),
-                          REGISTRY_TIMEOUT_S)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self.shell.close()
         self._log.info("worker_stopped", **self.loop.stats(),
                        loop_lag_p99_ms=round(percentile(self.lag_s, 0.99) * 1000, 2),
                        loop_lag_max_ms=round(max(self.lag_s, default=0.0) * 1000, 2))
         self._stopped.set()
+
+    async def _close_links(self, app: web.Application) -> None:
+        """Tell each gateway that this worker is going (1001): an open link would stall
+        the server's shutdown until the gateway gave up on it as silent."""
+        for ws in list(self.links):
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.close(code=CLOSE_GOING_AWAY, message=b"worker stopping")
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -166,21 +173,18 @@ class RealtimeWorker:
             slots_total=self.engine.slots_total, slots_free=self.engine.slots_free(),
             step_p99_ms=round(self.loop.step_p99_ms(), 2), draining=self.draining)
 
-    async def _publish(self) -> None:
-        try:
-            await registry.publish(self.redis, self.info(), self.settings.heartbeat_ttl_s)
-        except Exception as exc:  # Redis down: keep serving, retry next beat
-            self._log.warning("heartbeat_failed", error=str(exc))
-
     def publish_soon(self) -> None:
-        """Republish now: a slot was taken or freed (the heartbeat alone lags a beat)."""
+        """Republish now: a slot was taken or freed."""
         if not self._stop.is_set():
-            self._spawn(self._publish())
+            self.shell.publish_soon()
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_s)
-            await self._publish()
+    async def _watch_steps(self) -> None:
+        self.stall_s = await stalled_step(self.loop, self.settings.step_stall_s)
+        self._log.error("step_stalled", step_s=round(self.stall_s, 3),
+                        limit_s=self.settings.step_stall_s, sessions=len(self.loop.sessions))
+        self.draining = True  # no new sessions
+        await self.shell.leave_registry()
+        self.stalled.set()
 
     async def _probe_lag(self) -> None:
         """How late the loop wakes a timer: the time network I/O would wait."""
@@ -197,12 +201,26 @@ class RealtimeWorker:
     async def _batch_consumer(self) -> None:
         # Imported late: only mixed workers need the batch lane.
         batch = importlib.import_module("workers.batch")
-        consumer = batch.BatchConsumer(self.settings, self.redis, self.engine, lane="mixed",
+        consumer = batch.BatchConsumer(self.settings, self.redis, self.engine,
+                                       lane=WorkerLane.MIXED,
                                        decode=self.loop.submit_batch, worker_id=self.worker_id)
         await consumer.run(self._batch_stop)
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "worker": self.worker_id, "lane": self.lane})
+
+    @web.middleware
+    async def _internal_auth(self, request: web.Request, handler: Handler
+                             ) -> web.StreamResponse:
+        """``/internal/*`` only with the deployment's token (probes and metrics stay open)."""
+        if request.path.startswith("/internal/") and not token_ok(self.settings,
+                                                                  request.headers):
+            self._log.warning("internal_unauthorized", path=request.path,
+                              peer=request.remote)
+            return web.json_response(
+                {"error": {"code": "unauthorized",
+                           "message": "missing or wrong internal token"}}, status=401)
+        return await handler(request)
 
     async def _readyz(self, request: web.Request) -> web.Response:
         try:
@@ -210,27 +228,37 @@ class RealtimeWorker:
         except Exception as exc:
             return web.json_response({"status": "redis unreachable", "error": str(exc)},
                                      status=503)
+        if self.stall_s is not None:
+            return web.json_response({"status": "stalled"}, status=503)
         if self.draining:
             return web.json_response({"status": "draining"}, status=503)
         return web.json_response({"status": "ready", "slots_free": self.engine.slots_free()})
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=prometheus_client.generate_latest(),
-                            headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
-
     # --- sessions (both endpoints) ------------------------------------------------------
     def open_session(self, session_id: str, rate: int,
-                     sink: Callable[[Event | Close], None] | None = None) -> SessionHandle:
-        """A new session in the step loop; ``Overloaded`` while draining or full."""
+                     sink: Callable[[Event | Close], None] | None = None,
+                     vad: object = None,
+                     options: Mapping[str, Any] | None = None) -> SessionHandle:
+        """A new session in the step loop; ``Overloaded`` while draining or full,
+        ``BadRequest`` for bad ``vad`` settings (``validation.session_vad``) or options.
+        ``options``: the gateway's ``language``, ``prompt``, ``temperature``."""
+        vad_settings = session_vad(vad, self._vad)
         if self.draining:
             raise Overloaded("worker is draining")
+        if session_id in self.loop.sessions:
+            raise SessionExists(session_id)
+        opts = options or {}
         try:
-            stream = self.engine.open_stream()
+            stream = self.engine.open_stream(decode_options(
+                opts.get("language"), opts.get("prompt"), opts.get("temperature")))
         except NoFreeSlot as exc:
             raise Overloaded(str(exc)) from None
-        session = RealtimeSession(session_id, rate, stream, self._vad,
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        session = RealtimeSession(session_id, rate, stream, vad_settings,
                                   int(self.settings.max_window_s * self.engine.sample_rate),
-                                  vad_inline_samples=self.loop.vad_slice_samples)
+                                  vad_inline_samples=self.loop.vad_slice_samples,
+                                  partial_interval_s=self.settings.partial_interval_ms / 1000)
         handle = self.loop.add(session, sink=sink)
         self.publish_soon()
         self._log.info("session_start", session_id=session_id, sample_rate=rate)
@@ -243,10 +271,12 @@ class RealtimeWorker:
         self._log.info("session_refused", session_id=session_id, code=exc.code,
                        message=str(exc))
 
-    def reject(self, handle: SessionHandle, message: str) -> None:
-        """The gateway broke the protocol on this session: ``bad_request``, then close."""
-        handle.send([{"type": "error", "code": "bad_request", "message": message}])
-        handle.post(Close(CLOSE_POLICY))
+    def reject(self, handle: SessionHandle, message: str, code: str = "bad_request",
+               close_code: int = CLOSE_POLICY) -> None:
+        """End this session with an ``error`` (the gateway broke the protocol, or its
+        client sends too fast), then close; other sessions are not touched."""
+        handle.send([{"type": "error", "code": code, "message": message}])
+        handle.post(Close(close_code))
         handle.abandoned = True
         handle.session.ended = True
         self.loop.touch(handle)
@@ -259,6 +289,12 @@ class RealtimeWorker:
             self.reject(handle, problem)
             return False
         handle.session.receive(pcm, time.monotonic())
+        problem = memory_problem(handle.session, self.settings)
+        if problem:
+            self._log.warning("session_over_memory", session_id=handle.session.session_id,
+                              message=problem)
+            self.reject(handle, problem, "overloaded", CLOSE_OVERLOADED)
+            return False
         self.loop.touch(handle)
         return True
 
@@ -272,6 +308,12 @@ class RealtimeWorker:
         self.loop.touch(handle)
         return True
 
+    def commit(self, handle: SessionHandle) -> None:
+        """The gateway's ``commit``: the utterance ends at the audio received so far."""
+        if not handle.session.ended:
+            handle.session.commit()
+            self.loop.touch(handle)
+
     def abandon(self, handle: SessionHandle) -> None:
         """The gateway's side of the session is gone: drop it and free its slot."""
         handle.abandoned = True
@@ -280,12 +322,13 @@ class RealtimeWorker:
 
     # --- one session per WebSocket -------------------------------------------------------
     async def _session(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=self.settings.max_frame_bytes + 1024)
+        ws = web.WebSocketResponse(max_msg_size=self.settings.max_frame_bytes + 1024,
+                                   heartbeat=heartbeat_s(self.settings))
         await ws.prepare(request)
         session_id = request.query.get("session_id")
         try:
             session_id, rate = session_params(session_id, request.query.get("sample_rate"))
-            handle = self.open_session(session_id, rate)
+            handle = self.open_session(session_id, rate, options=request.query)
         except Refused as exc:
             return await self._refuse(ws, exc, session_id)
         await ws.send_json(self.accepted())
@@ -341,43 +384,33 @@ async def _send_outbox(ws: web.WebSocketResponse, handle: SessionHandle) -> None
             handle.abandoned = True
 
 
-async def _within(waitable: Any, timeout_s: float) -> bool:
-    try:
-        await asyncio.wait_for(waitable, timeout_s)
-    except TimeoutError:
-        return False
-    return True
-
-
-def _bound_port(runner: web.AppRunner) -> int:
-    for address in runner.addresses:
-        return int(address[1])
-    raise RuntimeError("the worker's server is not bound")
-
-
 # --- process entry ------------------------------------------------------------------
-async def serve(settings: Settings, lane: str) -> int:
+async def serve(settings: Settings, lane: WorkerLane) -> int:
     log = get_logger("lanegate.worker", lane=lane)
+    refusal = token_refusal(settings)
+    if refusal is not None:
+        log.error("internal_token_missing", host=settings.worker_host, message=refusal)
+        print(f"lanegate worker: {refusal}", file=sys.stderr)
+        return 2
     engine = await asyncio.get_running_loop().run_in_executor(
-        None, lambda: create_engine(settings, slots=settings.slots, batch=lane == "mixed"))
+        None, lambda: create_engine(settings, slots=settings.slots, batch=lane is WorkerLane.MIXED))
     redis = redis_client(settings.redis_url)
     worker = RealtimeWorker(settings, engine, redis, lane=lane)
     await worker.start()
     drains: set[asyncio.Task[None]] = set()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(
-            sig, lambda: drains.add(asyncio.create_task(worker.drain())))
-    await worker.wait_stopped()
+    on_stop_signals(lambda: drains.add(asyncio.create_task(worker.drain())))
+    ended = [asyncio.create_task(worker.stalled.wait()),
+             asyncio.create_task(worker.wait_stopped())]
+    await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+    if worker.stalled.is_set():
+        log.error("worker_exit", reason="step_stalled", code=EXIT_STALLED)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_STALLED)  # the engine thread cannot be joined
     await redis.aclose()
     log.info("worker_exit")
     return 0
 
 
-def main(settings: Settings, lane: str = "realtime") -> int:
-    configure_logging(settings.log_level, lane=lane,
-                      worker=settings.worker_id or default_worker_id())
-    if not settings.redis_url:
-        get_logger("lanegate.worker").error("worker_needs_redis",
-                                            message="set LANEGATE_REDIS_URL or --redis-url")
-        return 2
-    return asyncio.run(serve(settings, lane))
+def main(settings: Settings, lane: WorkerLane = WorkerLane.REALTIME) -> int:
+    return process.main(settings, lane, lambda s: serve(s, lane))

@@ -13,23 +13,26 @@ tested and benchmarked at GPU-like scale on a CPU box.
 from __future__ import annotations
 
 import hashlib
-import threading
+import os
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from engines.base import (
+    BYTES_PER_SAMPLE,
+    DEFAULT_OPTIONS,
+    CostPrior,
+    DecodeOptions,
+    EngineStream,
+    Hypothesis,
+    Slots,
+    StepProfile,
+    check_pcm,
+)
 from lanegate.constants import ENGINE_SAMPLE_RATE
 from lanegate.settings import Settings
 from lanegate.transcript import Word
-from workers.engines.base import (
-    BYTES_PER_SAMPLE,
-    CostPrior,
-    EngineStream,
-    Hypothesis,
-    NoFreeSlot,
-    check_pcm,
-)
 
 FRAME_SAMPLES = ENGINE_SAMPLE_RATE // 100
 BLOCK_SAMPLES = ENGINE_SAMPLE_RATE * 400 // 1000
@@ -37,6 +40,9 @@ BLOCK_SAMPLES = ENGINE_SAMPLE_RATE * 400 // 1000
 SILENCE_RMS = 200.0
 CONSONANTS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
+
+#: the one language this engine knows, reported on every hypothesis
+LANGUAGE = "en"
 
 
 def block_word(block: bytes) -> str | None:
@@ -61,7 +67,17 @@ def words_of(pcm: bytes) -> tuple[Word, ...]:
     return tuple(words)
 
 
+#: exit status of a process that ``sim_fail_exit`` ends (EX_SOFTWARE)
+FAULT_EXIT_CODE = 70
+
+
+class SimulatedFault(RuntimeError):
+    """The injected failure of ``sim_fail_on``."""
+
+
 class SimulatedStream:
+    final_redecodes = False
+
     def __init__(self, engine: SimulatedEngine) -> None:
         self._engine = engine
         self._words: list[Word] = []
@@ -81,7 +97,7 @@ class SimulatedStream:
         for off in range(0, whole, block_bytes):
             self._add_block(bytes(self._tail[off : off + block_bytes]))
         del self._tail[:whole]
-        return Hypothesis(" ".join(w.word for w in self._words))
+        return Hypothesis(" ".join(w.word for w in self._words), language=LANGUAGE)
 
     def _add_block(self, block: bytes) -> None:
         seconds = BLOCK_SAMPLES / ENGINE_SAMPLE_RATE
@@ -90,15 +106,18 @@ class SimulatedStream:
             self._words.append(Word(word, self._blocks * seconds, (self._blocks + 1) * seconds))
         self._blocks += 1
 
+    def last_chunk(self) -> None:
+        return None
+
     def finish(self) -> Hypothesis:
         if self._tail:
             self._add_block(bytes(self._tail))
         words = tuple(self._words)
         self.start()
-        return Hypothesis(" ".join(w.word for w in words), words)
+        return Hypothesis(" ".join(w.word for w in words), words, language=LANGUAGE)
 
     def close(self) -> None:
-        self._engine._release()
+        self._engine.slots.give_back()
 
 
 class SimulatedEngine:
@@ -107,26 +126,20 @@ class SimulatedEngine:
 
     def __init__(self, settings: Settings, *, slots: int) -> None:
         self.slots_total = slots
+        self.slots = Slots(slots, "simulated")
         self._fixed_s = settings.sim_step_fixed_ms / 1000
         self._frame_s = settings.sim_prefill_frame_ms / 1000
         self._seq_s = settings.sim_decode_seq_ms / 1000
         self._busy = settings.sim_busy_wait
-        self._in_use = 0
-        self._lock = threading.Lock()
+        self._fail_on = settings.sim_fail_on
+        self._fail_exit = settings.sim_fail_exit
 
     def slots_free(self) -> int:
-        return self.slots_total - self._in_use
+        return self.slots.free
 
-    def open_stream(self) -> EngineStream:
-        with self._lock:
-            if self._in_use >= self.slots_total:
-                raise NoFreeSlot(f"all {self.slots_total} simulated slots are in use")
-            self._in_use += 1
+    def open_stream(self, options: DecodeOptions = DEFAULT_OPTIONS) -> EngineStream:
+        self.slots.take()
         return SimulatedStream(self)
-
-    def _release(self) -> None:
-        with self._lock:
-            self._in_use -= 1
 
     def step_cost_s(self, samples: int, seqs: int) -> float:
         """What the modelled GPU step would take for this much audio and these streams."""
@@ -137,7 +150,8 @@ class SimulatedEngine:
         self._occupy(self.step_cost_s(samples, len(work)))
         return [_as_sim(stream).feed(pcm) for stream, pcm in work]
 
-    def transcribe_batch(self, segments: Sequence[bytes]) -> list[Hypothesis]:
+    def transcribe_batch(self, segments: Sequence[bytes],
+                         options: DecodeOptions = DEFAULT_OPTIONS) -> list[Hypothesis]:
         for segment in segments:
             check_pcm(segment)
         samples = sum(len(s) for s in segments) // BYTES_PER_SAMPLE
@@ -145,8 +159,16 @@ class SimulatedEngine:
         out = []
         for segment in segments:
             words = words_of(segment)
-            out.append(Hypothesis(" ".join(w.word for w in words), words))
+            self._check_fault(words)
+            out.append(Hypothesis(" ".join(w.word for w in words), words, language=LANGUAGE))
         return out
+
+    def _check_fault(self, words: tuple[Word, ...]) -> None:
+        if not self._fail_on or all(w.word != self._fail_on for w in words):
+            return
+        if self._fail_exit:
+            os._exit(FAULT_EXIT_CODE)
+        raise SimulatedFault(f"simulated engine fault on the word {self._fail_on!r}")
 
     def _occupy(self, seconds: float) -> None:
         if not self._busy:
@@ -156,11 +178,12 @@ class SimulatedEngine:
         while time.perf_counter() < deadline:
             pass
 
-    def cost_prior_s_per_audio_s(self) -> float:
-        return ENGINE_SAMPLE_RATE / FRAME_SAMPLES * self._frame_s
-
     def cost_prior(self) -> CostPrior:
-        return CostPrior(self.cost_prior_s_per_audio_s(), self._fixed_s, self._seq_s)
+        return CostPrior(ENGINE_SAMPLE_RATE / FRAME_SAMPLES * self._frame_s, self._fixed_s,
+                         self._seq_s)
+
+    def last_profile(self) -> StepProfile | None:
+        return None
 
 
 def _as_sim(stream: EngineStream) -> SimulatedStream:

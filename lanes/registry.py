@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import redis.asyncio as aioredis
 
 from lanegate.constants import WORKER_KEY, WORKERS_KEY
+from lanegate.redis_io import text, ttl_ms
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ async def publish(redis: aioredis.Redis, info: WorkerInfo, ttl_s: float) -> None
     info = WorkerInfo(**{**asdict(info), "updated": time.time()})
     async with redis.pipeline(transaction=True) as pipe:
         pipe.set(WORKER_KEY.format(worker_id=info.worker_id), info.to_json(),
-                 px=int(ttl_s * 1000))
+                 px=ttl_ms(ttl_s))
         pipe.sadd(WORKERS_KEY.format(lane=registry_lane(info.lane)), info.worker_id)
         await pipe.execute()
 
@@ -67,8 +68,7 @@ async def remove(redis: aioredis.Redis, worker_id: str, lane: str) -> None:
 async def list_workers(redis: aioredis.Redis, lane: str) -> list[WorkerInfo]:
     """Live workers of a lane ("realtime" includes mixed workers)."""
     set_key = WORKERS_KEY.format(lane=registry_lane(lane))
-    ids = sorted(m.decode() if isinstance(m, bytes) else str(m)
-                 for m in await redis.smembers(set_key))
+    ids = sorted(text(m) for m in await redis.smembers(set_key))
     if not ids:
         return []
     records = await redis.mget([WORKER_KEY.format(worker_id=i) for i in ids])

@@ -13,17 +13,20 @@ from typing import Any
 
 from pocketsphinx import Decoder
 
-from lanegate.constants import ENGINE_SAMPLE_RATE
-from lanegate.settings import Settings
-from lanegate.transcript import Word
-from workers.engines.base import (
+from engines.base import (
     BYTES_PER_SAMPLE,
+    DEFAULT_OPTIONS,
     CostPrior,
+    DecodeOptions,
     EngineStream,
     Hypothesis,
     NoFreeSlot,
+    StepProfile,
     check_pcm,
 )
+from lanegate.constants import ENGINE_SAMPLE_RATE
+from lanegate.settings import Settings
+from lanegate.transcript import Word
 
 FRAMES_PER_SECOND = 100
 # Audio handed to the batch decoder per call, so a caller can yield between pieces.
@@ -32,6 +35,9 @@ BATCH_PIECE_S = 1.0
 PRIOR_S_PER_AUDIO_S = 0.25
 PRIOR_STEP_FIXED_S = 0.0005
 PRIOR_PER_SEQ_S = 0.0003
+
+#: the one language this engine knows, reported on every hypothesis
+LANGUAGE = "en"
 
 
 def decoder_config(settings: Settings, *, fwdflat: bool) -> dict[str, Any]:
@@ -68,13 +74,14 @@ def clean_word(word: str) -> str:
 
 
 def final_hypothesis(decoder: Any) -> Hypothesis:
-    """Words and timings of the utterance the decoder just ended."""
+    """Words and timings of the utterance the decoder just ended (none for an
+    utterance too short to search: ``seg()`` is then None)."""
     words = tuple(
         Word(clean_word(s.word), s.start_frame / FRAMES_PER_SECOND,
              (s.end_frame + 1) / FRAMES_PER_SECOND)
-        for s in decoder.seg() if not is_filler(s.word)
+        for s in decoder.seg() or () if not is_filler(s.word)
     )
-    return Hypothesis(" ".join(w.word for w in words), words)
+    return Hypothesis(" ".join(w.word for w in words), words, language=LANGUAGE)
 
 
 def partial_text(decoder: Any) -> str:
@@ -84,6 +91,8 @@ def partial_text(decoder: Any) -> str:
 
 class PocketsphinxStream:
     """One preloaded decoder lent to a session."""
+
+    final_redecodes = False
 
     def __init__(self, engine: PocketsphinxEngine, decoder: Any) -> None:
         self._engine = engine
@@ -100,11 +109,14 @@ class PocketsphinxStream:
         check_pcm(pcm)
         if pcm:
             self.decoder.process_raw(pcm, False, False)
-        return Hypothesis(partial_text(self.decoder))
+        return Hypothesis(partial_text(self.decoder), language=LANGUAGE)
+
+    def last_chunk(self) -> None:
+        return None
 
     def finish(self) -> Hypothesis:
         if not self._in_utt:
-            return Hypothesis("")
+            return Hypothesis("", language=LANGUAGE)
         self.decoder.end_utt()
         self._in_utt = False
         return final_hypothesis(self.decoder)
@@ -132,7 +144,7 @@ class PocketsphinxEngine:
     def slots_free(self) -> int:
         return len(self._free)
 
-    def open_stream(self) -> EngineStream:
+    def open_stream(self, options: DecodeOptions = DEFAULT_OPTIONS) -> EngineStream:
         with self._lock:
             if not self._free:
                 raise NoFreeSlot(f"all {self.slots_total} pocketsphinx slots are in use")
@@ -149,7 +161,8 @@ class PocketsphinxEngine:
     def step(self, work: Sequence[tuple[EngineStream, bytes]]) -> list[Hypothesis]:
         return [_as_ps(stream).feed(pcm) for stream, pcm in work]
 
-    def transcribe_batch(self, segments: Sequence[bytes]) -> list[Hypothesis]:
+    def transcribe_batch(self, segments: Sequence[bytes],
+                         options: DecodeOptions = DEFAULT_OPTIONS) -> list[Hypothesis]:
         out: list[Hypothesis] = []
         for segment in segments:
             for result in self.transcribe_segment_pieces(segment):
@@ -177,11 +190,11 @@ class PocketsphinxEngine:
             decoder.end_utt()
         yield final_hypothesis(decoder)
 
-    def cost_prior_s_per_audio_s(self) -> float:
-        return PRIOR_S_PER_AUDIO_S
-
     def cost_prior(self) -> CostPrior:
         return CostPrior(PRIOR_S_PER_AUDIO_S, PRIOR_STEP_FIXED_S, PRIOR_PER_SEQ_S)
+
+    def last_profile(self) -> StepProfile | None:
+        return None
 
 
 def _as_ps(stream: EngineStream) -> PocketsphinxStream:

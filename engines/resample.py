@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
+from engines.base import BYTES_PER_SAMPLE
 from lanegate.constants import ENGINE_SAMPLE_RATE
-from workers.engines.base import BYTES_PER_SAMPLE
 
 
 class StreamResampler:

@@ -1,0 +1,522 @@
+"""Whisper on CTranslate2: the embedded default engine, in both lanes.
+(Over 400 lines: the batched step, its segment bookkeeping and the batch call share
+the model, the tokenizer and the rejection rules.)
+
+faster-whisper loads the model directory and lends its feature extractor,
+tokenizer and word aligner; the calls that matter go straight to
+``ctranslate2.models.Whisper`` so that one call encodes and decodes several
+sessions' segments at once (CTranslate2 releases the GIL in them).
+
+Whisper is not incremental: a stream keeps the audio of its current segment, and
+each step re-decodes all of it. What keeps that affordable:
+
+* only the segment is encoded, plus ``whisper_pad_ms`` of trailing silence, not a
+  30 s window (the encoder's cost grows with its frames; see docs/ARCHITECTURE.md
+  for the figures), and leading non-speech is dropped;
+* generation runs with timestamps: cut at the speech without them, the decoder
+  repeats the sentence until ``max_length``; with them it ends at the end
+  timestamp. Generated tokens are also capped per second of audio;
+* the committed words (LocalAgreement-2, ``engines.agreement``) are forced as the
+  decoder's prefix, so a re-decode generates only the unstable tail, and partial
+  text never takes a committed word back;
+* a segment with too little VAD speech is not decoded at all, and a decode the
+  model itself calls no-speech gives no text (noise and silence give nothing).
+
+A step decodes with word alignment. The step that takes a segment's last chunk
+(the session says so: ``last_chunk``) decodes it afresh, without the committed
+prefix, the same call as the batch lane's: a word committed early and wrongly is
+corrected in the final, and the final is the whole-segment decode the raw engine
+would give. ``finish`` then returns it at no cost on the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ctranslate2
+import numpy as np
+import numpy.typing as npt
+import webrtcvad
+from faster_whisper import WhisperModel
+from faster_whisper.tokenizer import Tokenizer
+from faster_whisper.transcribe import merge_punctuations
+
+from engines import models
+from engines.agreement import LocalAgreement, comparable
+from engines.base import (
+    BYTES_PER_SAMPLE,
+    DEFAULT_OPTIONS,
+    CostPrior,
+    DecodeOptions,
+    EngineStream,
+    Hypothesis,
+    Slots,
+    StepProfile,
+    check_pcm,
+)
+from lanegate.constants import ENGINE_SAMPLE_RATE
+from lanegate.settings import ComputeType, Device, Settings
+from lanegate.transcript import Word
+
+RATE = ENGINE_SAMPLE_RATE
+FRAMES_PER_S = 100  # mel frames (the encoder's input)
+MAX_FRAMES = 3000  # Whisper's 30 s window
+VAD_FRAME = RATE * 30 // 1000  # samples per webrtcvad frame
+TIMESTAMP_S = 0.02  # Whisper's timestamp token resolution
+# A language detected on this much speech is kept for the rest of the session.
+LANGUAGE_FIX_S = 2.0
+# Tokens generated per step at most: a base and a per-audio-second allowance.
+BASE_TOKENS = 8
+# faster-whisper's defaults: punctuation merged into the word before or after it.
+PREPEND_PUNCTUATION = "\"'“¿([{-"
+APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
+# Measured on one core of this project's machine, Whisper base int8 (docs/ARCHITECTURE.md).
+PRIOR_FIXED_S = 0.005
+PRIOR_FRAME_S = 0.00025
+PRIOR_FRAME2_S = 2.0e-8
+PRIOR_TOKEN_S = 0.015
+PRIOR_TOKENS_PER_STEP = 8.0
+
+
+def resolve_device(device: Device) -> str:
+    if device is Device.AUTO:
+        return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+    return device.value
+
+
+def default_compute_type(device: str) -> str:
+    return "float16" if device == "cuda" else "int8"
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def as_float(pcm: bytes | bytearray) -> npt.NDArray[np.float32]:
+    return np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768.0
+
+
+def drop_repeats(tokens: Sequence[int], eot: int, timestamp_begin: int, audio_s: float,
+                 words_of: Callable[[list[int]], list[str]]) -> list[int]:
+    """The text tokens of a timestamped generation, without a segment that repeats
+    an earlier one (whole or cut short; compared as words, case and punctuation
+    aside) where too little audio is left to say it: cut close to the speech,
+    Whisper sometimes says the sentence again after its end timestamp (measured: 3
+    of 18 espeak-ng clips with 1-2 s of silence after them). A repeat with room
+    for it in the audio is speech said twice, and kept."""
+    segments: list[tuple[float, list[int]]] = []  # (start s, text tokens)
+    start = 0.0
+    for token in tokens:
+        if token >= timestamp_begin:
+            if segments and not segments[-1][1]:
+                segments.pop()
+            start = (token - timestamp_begin) * TIMESTAMP_S
+            segments.append((start, []))
+        elif token < eot:
+            if not segments:
+                segments.append((start, []))
+            segments[-1][1].append(token)
+    kept: list[tuple[float, float, list[int], list[str]]] = []  # (start, end, tokens, words)
+    for index, (begin, text) in enumerate(segments):
+        if not text:
+            continue
+        words = [comparable(w) for w in words_of(text)]
+        end = segments[index + 1][0] if index + 1 < len(segments) else audio_s
+        said = [e - b for b, e, _, seen in kept if _repeats(words, seen)]
+        if said and audio_s - begin < 0.5 * max(said):
+            continue
+        kept.append((begin, max(begin, end), text, words))
+    return [t for _, _, text, _ in kept for t in text]
+
+
+def _repeats(words: list[str], earlier: list[str]) -> bool:
+    """``words`` say ``earlier`` again from its start (the last word may be cut)."""
+    if not words or len(words) > len(earlier):
+        return False
+    head, last = words[:-1], words[-1]
+    return earlier[: len(head)] == head and earlier[len(head)].startswith(last)
+
+
+def compression_ratio(text: str) -> float:
+    raw = text.encode("utf-8")
+    return len(raw) / max(1, len(zlib.compress(raw)))
+
+
+class SpeechGate:
+    """webrtcvad over a stream's segment, as it grows: where speech starts, how much."""
+
+    def __init__(self, aggressiveness: int) -> None:
+        self._vad = webrtcvad.Vad(aggressiveness)
+        self._tail = b""
+        self._frames = 0
+        self.speech_frames = 0
+        self.first_speech: int | None = None  # sample index
+
+    def push(self, pcm: bytes) -> None:
+        data = self._tail + pcm
+        size = VAD_FRAME * BYTES_PER_SAMPLE
+        whole = len(data) // size * size
+        for off in range(0, whole, size):
+            if self._vad.is_speech(data[off : off + size], RATE):
+                self.speech_frames += 1
+                if self.first_speech is None:
+                    self.first_speech = self._frames * VAD_FRAME
+            self._frames += 1
+        self._tail = data[whole:]
+
+    @property
+    def speech_s(self) -> float:
+        return self.speech_frames * VAD_FRAME / RATE
+
+
+@dataclass
+class Decoded:
+    """One sequence's decode: what the batch call returns for it."""
+
+    tokens: list[int]  # text tokens (committed prefix included)
+    words: list[Word]  # seconds from the decoded audio's start
+    word_tokens: list[list[int]]  # the tokens of each word (punctuation merged in)
+    language: str
+    no_speech: bool
+
+
+@dataclass
+class Job:
+    """One sequence of a batched decode."""
+
+    audio: npt.NDArray[np.float32]
+    language: str | None
+    prefix: list[int] = field(default_factory=list)
+    prompt: str = ""
+    temperature: float = 0.0
+
+
+class WhisperStream:
+    """One decoder slot: the audio of the current segment and what is committed of it."""
+
+    final_redecodes = True
+
+    def __init__(self, engine: WhisperEngine, options: DecodeOptions) -> None:
+        self._engine = engine
+        self.options = options
+        self.language = options.language
+        self.start()
+
+    def start(self) -> None:
+        self.audio = bytearray()
+        self.gate = SpeechGate(self._engine.vad_aggressiveness)
+        self.agreement = LocalAgreement()
+        self.committed: list[int] = []  # tokens of the committed words
+        self.hyp = Hypothesis("", (), self.language or "")
+        self.partial = Hypothesis("", (), self.language or "")
+        self.decoded = 0  # bytes of audio that ``hyp`` covers
+        self.offset_s = 0.0  # where the decoded audio starts in the segment
+        self.closing = False  # the next decode is the final: fresh, without the prefix
+
+    def last_chunk(self) -> None:
+        self.closing = True
+
+    def append(self, pcm: bytes) -> None:
+        check_pcm(pcm)
+        self.audio += pcm
+        self.gate.push(pcm)
+
+    @property
+    def stale(self) -> bool:
+        return self.decoded != len(self.audio)
+
+    def job(self) -> Job:
+        """The audio to decode: from just before the first speech, at most the window."""
+        engine = self._engine
+        first = self.gate.first_speech or 0
+        start = max(0, first - engine.pad_samples)
+        keep = engine.max_audio_samples
+        end = len(self.audio) // BYTES_PER_SAMPLE
+        start = max(start, end - keep)
+        self.offset_s = start / RATE
+        prefix = [] if self.closing else list(self.committed)
+        return Job(as_float(self.audio[start * BYTES_PER_SAMPLE :]), self.language,
+                   prefix, self.options.prompt, self.options.temperature)
+
+    def take(self, decoded: Decoded | None) -> None:
+        """A decode of all audio so far (None: not worth decoding, no text)."""
+        self.decoded = len(self.audio)
+        if decoded is None or decoded.no_speech:
+            # Committed words stay: a doubtful decode (of the tail, or the fresh final one)
+            # does not unsay what two decodes agreed on. Noise never has any.
+            empty = Hypothesis("", (), self.language or "")
+            self.hyp = self.partial if self.committed else empty
+            if self.closing:
+                self.partial = empty
+            return
+        if self.language is None and self.gate.speech_s >= LANGUAGE_FIX_S:
+            self.language = decoded.language
+        words = [Word(w.word, w.start + self.offset_s, w.end + self.offset_s)
+                 for w in decoded.words]
+        horizon = len(self.audio) / BYTES_PER_SAMPLE / RATE - self._engine.commit_margin_s
+        eligible = sum(1 for w in words if w.end <= horizon)
+        committed = self.agreement.update([w.word for w in words], eligible)
+        self.committed = [t for group in decoded.word_tokens[:committed] for t in group]
+        self.hyp = Hypothesis(" ".join(w.word for w in words), tuple(words), decoded.language)
+        if self.closing:  # the final follows at once; a partial may not correct the last one
+            self.partial = Hypothesis("", (), decoded.language)
+            return
+        stable = words[:committed]
+        self.partial = Hypothesis(" ".join(w.word for w in stable), tuple(stable),
+                                  decoded.language)
+
+    def finish(self) -> Hypothesis:
+        if self.stale:  # normally the last step decoded everything; a drain may not have
+            self._engine.decode_streams([self])
+        hyp = self.hyp
+        self.start()
+        return hyp
+
+    def close(self) -> None:
+        self._engine.slots.give_back()
+
+
+class WhisperEngine:
+    name = "whisper"
+    sample_rate = ENGINE_SAMPLE_RATE
+
+    def __init__(self, settings: Settings, *, slots: int) -> None:
+        self.slots_total = slots
+        self.slots = Slots(slots, "whisper")
+        self.model_dir = models.resolve(settings.whisper_model, settings.data_path)
+        self.device = resolve_device(settings.device)
+        self.compute_type = default_compute_type(self.device) \
+            if settings.compute_type is ComputeType.AUTO else settings.compute_type.value
+        self.cpu_threads = settings.cpu_threads or default_threads()
+        self._fw = WhisperModel(str(self.model_dir), device=self.device,
+                                compute_type=self.compute_type, cpu_threads=self.cpu_threads,
+                                local_files_only=True)
+        self.model: Any = self._fw.model
+        self.multilingual = bool(self.model.is_multilingual)
+        self._tokenizers: dict[str, Tokenizer] = {}
+        self.beam_size = max(1, settings.beam_size)
+        self.batch_size = max(1, settings.whisper_batch_size)
+        self.pad_samples = settings.whisper_pad_ms * RATE // 1000
+        self.max_audio_samples = MAX_FRAMES * RATE // FRAMES_PER_S - self.pad_samples
+        self.no_speech_threshold = settings.no_speech_threshold
+        self.logprob_threshold = settings.logprob_threshold
+        self.compression_ratio_threshold = settings.compression_ratio_threshold
+        self.commit_margin_s = settings.whisper_commit_margin_ms / 1000
+        self.tokens_per_s = settings.whisper_tokens_per_s
+        self.min_speech_s = settings.min_speech_ms / 1000
+        self.vad_aggressiveness = settings.vad_aggressiveness
+        self._profile: StepProfile | None = None
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One small decode at start, so that the first session does not pay for
+        CTranslate2's first-call allocations."""
+        self.decode([Job(np.zeros(RATE, dtype=np.float32), "en" if self.multilingual else None)])
+        self._profile = None
+
+    # --- slots ----------------------------------------------------------------------
+    def slots_free(self) -> int:
+        return self.slots.free
+
+    def open_stream(self, options: DecodeOptions = DEFAULT_OPTIONS) -> EngineStream:
+        self.slots.take()
+        return WhisperStream(self, self._checked(options))
+
+    def _checked(self, options: DecodeOptions) -> DecodeOptions:
+        if options.language is not None:
+            self.tokenizer(options.language)  # an unknown language fails here, not mid-step
+        return options
+
+    # --- tokenizer ------------------------------------------------------------------
+    def tokenizer(self, language: str | None) -> Tokenizer:
+        key = language or ""
+        tok = self._tokenizers.get(key)
+        if tok is None:
+            if language is not None and self.multilingual and \
+                    language not in self._fw.supported_languages:
+                raise ValueError(f"Whisper does not know language {language!r}")
+            tok = Tokenizer(self._fw.hf_tokenizer, self.multilingual, task="transcribe",
+                            language=(language or "en") if self.multilingual else None)
+            self._tokenizers[key] = tok
+        return tok
+
+    def _words_of(self, tokens: list[int]) -> list[str]:
+        return str(self.tokenizer(None).decode(tokens)).split()
+
+    @property
+    def _eot(self) -> int:
+        return int(self.tokenizer(None).eot)
+
+    # --- realtime -------------------------------------------------------------------
+    def step(self, work: Sequence[tuple[EngineStream, bytes]]) -> list[Hypothesis]:
+        streams = [_as_whisper(stream) for stream, _ in work]
+        for stream, (_, pcm) in zip(streams, work, strict=True):
+            stream.append(pcm)
+        self.decode_streams(streams)
+        return [stream.partial for stream in streams]
+
+    def decode_streams(self, streams: Sequence[WhisperStream]) -> None:
+        """Re-decode each stream's segment; streams with too little speech get no text."""
+        todo = [s for s in dict.fromkeys(streams) if s.gate.speech_s >= self.min_speech_s]
+        for stream in streams:
+            if stream not in todo:
+                stream.take(None)
+        self._profile = None
+        if todo:
+            for stream, decoded in zip(todo, self.decode([s.job() for s in todo]),
+                                       strict=True):
+                stream.take(decoded)
+
+    # --- batch ----------------------------------------------------------------------
+    def transcribe_batch(self, segments: Sequence[bytes],
+                         options: DecodeOptions = DEFAULT_OPTIONS) -> list[Hypothesis]:
+        """Segments in batches of ``whisper_batch_size``, shortest-first so that a batch
+        pads little; results in the order given."""
+        options = self._checked(options)
+        for segment in segments:
+            check_pcm(segment)
+        language = options.language or ""
+        out: list[Hypothesis] = [Hypothesis("", (), language)] * len(segments)
+        order = sorted((i for i, seg in enumerate(segments) if self._has_speech(seg)),
+                       key=lambda i: len(segments[i]))
+        for off in range(0, len(order), self.batch_size):
+            batch = order[off : off + self.batch_size]
+            jobs = [Job(as_float(segments[i])[: self.max_audio_samples], options.language,
+                        [], options.prompt, options.temperature) for i in batch]
+            for index, decoded in zip(batch, self.decode(jobs), strict=True):
+                out[index] = _hypothesis(decoded)
+        return out
+
+    def _has_speech(self, segment: bytes) -> bool:
+        gate = SpeechGate(self.vad_aggressiveness)
+        gate.push(segment)
+        return gate.speech_s >= self.min_speech_s
+
+    # --- the batched CTranslate2 calls ------------------------------------------------
+    def decode(self, jobs: Sequence[Job]) -> list[Decoded]:
+        """Encode the jobs' audio together, detect languages, generate, align words."""
+        longest = max(len(j.audio) for j in jobs) + self.pad_samples
+        feats = np.stack([self._fw.feature_extractor(
+            np.pad(j.audio, (0, longest - len(j.audio))), padding=0) for j in jobs])
+        frames = min(MAX_FRAMES, feats.shape[2] // 2 * 2)
+        feats = np.ascontiguousarray(feats[:, :, :frames])
+        started = time.perf_counter()
+        encoded = self.model.encode(ctranslate2.StorageView.from_array(feats),
+                                    to_cpu=False)
+        languages = self._languages(jobs, encoded)
+        encode_s = time.perf_counter() - started
+        prompts = [self._prompt(j, lang) for j, lang in zip(jobs, languages, strict=True)]
+        results = self._generate(jobs, encoded, prompts)
+        ts_begin = int(self.tokenizer(None).timestamp_begin)
+        texts = [drop_repeats(r.sequences_ids[0], self._eot, ts_begin, len(j.audio) / RATE,
+                              self._words_of)
+                 for r, j in zip(results, jobs, strict=True)]
+        words = self._align(encoded, texts, languages, [len(j.audio) for j in jobs])
+        decode_s = time.perf_counter() - started - encode_s
+        self._profile = StepProfile(
+            len(jobs), frames, encode_s,
+            max(len(r.sequences_ids[0]) - len(p) for r, p in zip(results, prompts,
+                                                                  strict=True)),
+            decode_s)
+        return [Decoded(text, [w for w, _ in ws], [t for _, t in ws], lang,
+                        self._silent(r, text, lang))
+                for r, text, ws, lang in zip(results, texts, words, languages, strict=True)]
+
+    def _languages(self, jobs: Sequence[Job], encoded: Any) -> list[str]:
+        if not self.multilingual:
+            return ["en"] * len(jobs)
+        if all(j.language for j in jobs):
+            return [str(j.language) for j in jobs]
+        detected = self.model.detect_language(encoded)
+        return [j.language or str(found[0][0])[2:-2]
+                for j, found in zip(jobs, detected, strict=True)]
+
+    def _prompt(self, job: Job, language: str) -> list[int]:
+        tok = self.tokenizer(language)
+        prompt: list[int] = []
+        if job.prompt:
+            prompt += [tok.sot_prev, *tok.encode(" " + job.prompt.strip())[-(223):]]
+        prompt += list(tok.sot_sequence)
+        if job.prefix:
+            prompt += [tok.timestamp_begin, *job.prefix]
+        return prompt
+
+    def _generate(self, jobs: Sequence[Job], encoded: Any, prompts: list[list[int]]) -> Any:
+        audio_s = max(len(j.audio) for j in jobs) / RATE
+        budget = BASE_TOKENS + int(self.tokens_per_s * audio_s)
+        # Measured: with timestamps, CTranslate2 stops at about half of max_length.
+        max_length = min(448, max(len(p) for p in prompts) + 2 * budget)
+        temperature = max(j.temperature for j in jobs)
+        sampling: dict[str, Any] = {}
+        if temperature > 0:
+            sampling = {"sampling_topk": 0, "sampling_temperature": temperature}
+        return self.model.generate(
+            encoded, prompts, beam_size=1 if temperature > 0 else self.beam_size,
+            max_length=max_length, return_scores=True, return_no_speech_prob=True,
+            suppress_blank=True, suppress_tokens=[-1], **sampling)
+
+    def _silent(self, result: Any, text: list[int], language: str) -> bool:
+        """No text, or text the model itself does not believe: a loop (text that
+        compresses too well), improbable tokens (noise decodes at an average
+        log-probability near -2, speech above -0.5 here), or a high no-speech
+        probability with doubtful tokens."""
+        if not text:
+            return True
+        generated = self.tokenizer(language).decode(result.sequences_ids[0])  # repeats too
+        if compression_ratio(generated) > self.compression_ratio_threshold:
+            return True
+        logprob = float(result.scores[0]) if result.scores else 0.0
+        return bool(logprob < self.logprob_threshold
+                    or (result.no_speech_prob > self.no_speech_threshold
+                        and logprob < self.logprob_threshold / 2))
+
+    def _align(self, encoded: Any, texts: list[list[int]], languages: list[str],
+               samples: list[int]) -> list[list[tuple[Word, list[int]]]]:
+        """Each sequence's words, timed, with their tokens."""
+        if not any(texts):
+            return [[] for _ in texts]
+        # One start sequence serves the batch (the aligner takes one); the language
+        # token barely moves the cross-attention the timings come from.
+        tok = self.tokenizer(languages[0])
+        num_frames = [max(1, n * FRAMES_PER_S // RATE) for n in samples]
+        aligned = self._fw.find_alignment(tok, [t or [tok.eot] for t in texts], encoded,
+                                          num_frames)
+        out: list[list[tuple[Word, list[int]]]] = []
+        for text, alignment in zip(texts, aligned, strict=True):
+            if not text:
+                out.append([])
+                continue
+            merge_punctuations(alignment, PREPEND_PUNCTUATION, APPEND_PUNCTUATION)
+            out.append([(Word(a["word"].strip(), round(float(a["start"]), 3),
+                              round(float(a["end"]), 3)), list(a["tokens"]))
+                        for a in alignment if a["word"].strip()])
+        return out
+
+    # --- cost -----------------------------------------------------------------------
+    def cost_prior(self) -> CostPrior:
+        scale = 1.0 / max(1, self.cpu_threads) if self.device == "cpu" else 0.1
+        return CostPrior(0.0, PRIOR_FIXED_S, 0.0, redecodes=True,
+                         frame_s=PRIOR_FRAME_S * scale, frame2_s=PRIOR_FRAME2_S * scale,
+                         token_s=PRIOR_TOKEN_S * scale, tokens_per_step=PRIOR_TOKENS_PER_STEP,
+                         pad_frames=self.pad_samples * FRAMES_PER_S // RATE)
+
+    def last_profile(self) -> StepProfile | None:
+        return self._profile
+
+
+def _hypothesis(decoded: Decoded) -> Hypothesis:
+    if decoded.no_speech:
+        return Hypothesis("", (), decoded.language)
+    return Hypothesis(" ".join(w.word for w in decoded.words), tuple(decoded.words),
+                      decoded.language)
+
+
+def _as_whisper(stream: EngineStream) -> WhisperStream:
+    if not isinstance(stream, WhisperStream):
+        raise TypeError(f"not a whisper stream: {type(stream).__name__}")
+    return stream
