@@ -5,27 +5,40 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pty
 import shutil
-import socket
 import subprocess
 import time
 import wave
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 import redis
 
+from lanegate.supervisor import free_port
+
 VOICE = "en-us+klatt"
 WPM = 130
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def wait_for_redis(port: int, timeout_s: float = 10.0) -> None:
+    """Until a redis-server (or sentinel) on ``port`` answers PING."""
+    deadline = time.monotonic() + timeout_s
+    client = redis.Redis(port=port, socket_connect_timeout=0.2)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+    finally:
+        client.close()
+    raise RuntimeError(f"redis-server did not start on port {port}")
 
 
 class RedisServer:
@@ -48,16 +61,7 @@ class RedisServer:
              "--save", "", "--protected-mode", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        while time.monotonic() < deadline:
-            try:
-                if client.ping():
-                    client.close()
-                    return
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        wait_for_redis(self.port)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -140,3 +144,47 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     """A client session for a test's HTTP and WebSocket calls, closed after it."""
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+@pytest.fixture(scope="session")
+def whisper_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir whose bundled Whisper base is assembled (once per test session)."""
+    from engines import models
+
+    data = tmp_path_factory.mktemp("whisper-data")
+    models.resolve("base", str(data))
+    return data
+
+
+@pytest.fixture(scope="session")
+def whisper(whisper_data: Path) -> Any:
+    """The real Whisper base engine, loaded once per test session (4 slots)."""
+    from engines.whisper import WhisperEngine
+    from lanegate.settings import Settings
+
+    return WhisperEngine(Settings(data_dir=str(whisper_data)), slots=4)
+
+
+def on_terminal(argv: list[str], *, stream: str = "stdout", cwd: Path | str | None = None,
+                env: dict[str, str] | None = None, timeout_s: float = 120.0) -> tuple[int, str]:
+    """Run ``argv`` with its ``stream`` (stdout or stderr) on a pseudo-terminal and the
+    other one discarded: (exit code, what it showed on the terminal)."""
+    leader, follower = pty.openpty()
+    streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, stream: follower}
+    try:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=streams["stdout"],
+                                stderr=streams["stderr"])
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        code = proc.wait(timeout_s)
+    finally:
+        os.close(leader)
+    return code, b"".join(chunks).decode(errors="replace")

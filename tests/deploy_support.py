@@ -90,6 +90,52 @@ def compose() -> dict[str, Any]:
     return data
 
 
+class MissingVariable(KeyError):
+    """``${NAME:?message}`` with NAME unset or empty: Compose refuses to start."""
+
+
+_VARIABLE = re.compile(
+    r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}"
+    r"|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's variable interpolation of every string in ``value``: ``$NAME``,
+    ``${NAME}``, ``${NAME:-default}``, ``${NAME-default}``, ``${NAME:?error}``,
+    ``${NAME?error}``, ``${NAME:+alt}``, ``${NAME+alt}`` and ``$$`` (a literal ``$``)."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group("name") or match.group("bare")
+        op, arg = match.group("op"), match.group("arg") or ""
+        current = env.get(name)
+        unset_or_empty = not current
+        if op in (":-", "-"):
+            return arg if (unset_or_empty if op == ":-" else current is None) else str(current)
+        if op in (":?", "?"):
+            if unset_or_empty if op == ":?" else current is None:
+                raise MissingVariable(f"{name}: {arg}")
+            return str(current)
+        if op in (":+", "+"):
+            return "" if (unset_or_empty if op == ":+" else current is None) else arg
+        return current or ""
+
+    return _VARIABLE.sub(one, value)
+
+
+def compose_with(env: dict[str, str]) -> dict[str, Any]:
+    """docker-compose.yml as Compose runs it with ``env`` as the shell / ``.env``."""
+    result: dict[str, Any] = interpolate(compose(), env)
+    return result
+
+
 def compose_cpu() -> dict[str, Any]:
     merged: dict[str, Any] = merge(compose(), load_yaml(COMPOSE_CPU))
     return merged

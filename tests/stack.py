@@ -1,12 +1,14 @@
 """A whole lanegate stack for end-to-end tests of the upload APIs.
 
-A real redis-server, then ``python -m lanegate.cli gateway``, one realtime and
-one batch worker as subprocesses, each logging to a file in the work dir. A
-test module starts one (module-scoped fixture) with the settings it needs.
+A real redis-server, then the gateway, one realtime and one batch worker started
+by the supervisor's own ``Child``/``Supervisor`` (what ``lanegate up`` runs),
+each logging to a file in the work dir. A test module starts one
+(module-scoped fixture) with the settings it needs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,25 +20,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
-from conftest import RedisServer, free_port
+from conftest import RedisServer
 
 from lanegate.constants import WORKER_KEY, WORKERS_KEY
+from lanegate.redis_io import text
+from lanegate.supervisor import Child, Supervisor, free_port, http_ready, lanegate_argv
 
 START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 15.0
 REPO = Path(__file__).resolve().parent.parent
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self, lines: int = 25) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass
@@ -45,7 +40,11 @@ class Stack:
     redis: RedisServer
     env: dict[str, str]
     port: int
-    procs: dict[str, Proc] = field(default_factory=dict)
+    procs: dict[str, Child] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.supervisor = Supervisor([], ready=lambda: True, start_timeout_s=START_TIMEOUT_S,
+                                     stop_timeout_s=STOP_TIMEOUT_S)
 
     @property
     def url(self) -> str:
@@ -55,77 +54,106 @@ class Stack:
     def blob_dir(self) -> Path:
         return self.workdir / "data" / "blobs"
 
-    def spawn(self, name: str, *args: str) -> Proc:
-        log = self.workdir / f"{name}.log"
-        with open(log, "ab") as out:
-            popen = subprocess.Popen([sys.executable, "-m", "lanegate.cli", *args],
-                                     env=self.env, cwd=REPO, stdout=out,
-                                     stderr=subprocess.STDOUT)
-        proc = Proc(name, popen, log)
-        self.procs[name] = proc
-        return proc
+    def child(self, name: str, *args: str) -> Child:
+        """A ``lanegate`` child of this stack (a worker stops before the gateway)."""
+        child = Child(name, lanegate_argv(*args), self.env, log=self.workdir / f"{name}.log",
+                      cwd=str(REPO), stop_order=1 if args[0] == "gateway" else 0)
+        old = self.procs.get(name)
+        self.supervisor.children = [c for c in self.supervisor.children if c is not old]
+        self.supervisor.children.append(child)
+        self.procs[name] = child
+        return child
+
+    def spawn(self, name: str, *args: str) -> Child:
+        child = self.child(name, *args)
+        child.start()
+        return child
 
     def diagnostics(self) -> str:
-        return "\n".join(f"--- {p.name} (exit {p.popen.poll()}) ---\n{p.tail()}"
-                         for p in self.procs.values())
+        return self.supervisor.log_tails()
 
     def check_alive(self) -> None:
-        for proc in self.procs.values():
-            if proc.popen.poll() is not None:
-                raise RuntimeError(f"{proc.name} exited\n{self.diagnostics()}")
+        for child in self.procs.values():
+            if not child.running:
+                raise RuntimeError(f"{child.name} exited\n{self.diagnostics()}")
 
     @contextmanager
     def paused(self, name: str) -> Iterator[None]:
         """SIGSTOP a process for the block (e.g. the batch worker: jobs stay queued)."""
-        popen = self.procs[name].popen
-        popen.send_signal(signal.SIGSTOP)
+        child = self.procs[name]
+        child.signal(signal.SIGSTOP)
         try:
             yield
         finally:
-            popen.send_signal(signal.SIGCONT)
+            child.signal(signal.SIGCONT)
+
+    # --- realtime workers -------------------------------------------------------------
+    def live_workers(self) -> dict[str, dict[str, Any]]:
+        """worker id -> registry record of each live, non-draining realtime worker that
+        answers ``/readyz``, with ``slots_free`` as it says now."""
+        client = redis.Redis(port=self.redis.port)
+        try:
+            out = {}
+            for raw in client.smembers(WORKERS_KEY.format(lane="realtime")):
+                record = client.get(WORKER_KEY.format(worker_id=text(raw)))
+                if record is None:
+                    continue
+                info = json.loads(record)
+                ready = get_json(info["url"] + "/readyz")
+                if not info["draining"] and isinstance(ready, dict) and "slots_free" in ready:
+                    out[info["worker_id"]] = {**info, "slots_free": ready["slots_free"]}
+            return out
+        finally:
+            client.close()
+
+    def wait_workers(self, n: int) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(self.live_workers()) < n:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{n} realtime workers not up\n{self.diagnostics()}")
+            time.sleep(0.2)
+
+    def ensure_workers(self, *names: str) -> None:
+        """(Re)start the named realtime worker processes that are not running; wait
+        until all of them are live."""
+        for name in names:
+            child = self.procs.get(name)
+            if child is None or not child.running:
+                self.spawn(name, "worker", "--lane", "realtime")
+        self.wait_workers(len(names))
+
+    def busy_workers(self) -> list[str]:
+        """Process names of the live realtime workers with a slot in use."""
+        pids = {int(worker_id.rsplit("-", 1)[1]) for worker_id, info
+                in self.live_workers().items() if info["slots_free"] < info["slots_total"]}
+        return [name for name, child in self.procs.items()
+                if child.proc is not None and child.proc.pid in pids]
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGCONT)
-                proc.popen.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(5)
+        for child in self.procs.values():
+            child.signal(signal.SIGCONT)
+        self.supervisor.stop_all()
         self.redis.kill()
 
 
-def _get(url: str) -> int:
+def get_json(url: str) -> Any:
+    """The JSON body of a GET (error statuses included), or None if nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status)
+            return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except OSError:
-        return 0
+        try:
+            return json.loads(exc.read())
+        except ValueError:
+            return None
+    except (OSError, ValueError):
+        return None
 
 
 def _batch_worker_alive(client: redis.Redis) -> bool:
-    ids = client.smembers(WORKERS_KEY.format(lane="batch"))
-    names = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+    names = [text(i) for i in client.smembers(WORKERS_KEY.format(lane="batch"))]
     return any(client.exists(WORKER_KEY.format(worker_id=name)) for name in names)
-
-
-def _wait_ready(stack: Stack, *, batch: bool) -> None:
-    client = redis.Redis(port=stack.redis.port)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            stack.check_alive()
-            if _get(stack.url + "/readyz") == 200 and (not batch or _batch_worker_alive(client)):
-                return
-            time.sleep(0.2)
-    finally:
-        client.close()
-    raise RuntimeError(f"stack not ready after {START_TIMEOUT_S} s\n{stack.diagnostics()}")
 
 
 def start_stack(workdir: Path, *, settings: dict[str, str] | None = None,
@@ -150,13 +178,46 @@ def start_stack(workdir: Path, *, settings: dict[str, str] | None = None,
         **(settings or {}),
     }
     stack = Stack(workdir=workdir, redis=server, env=env, port=port)
+    stack.child("gateway", "gateway")
+    stack.child("realtime", "worker", "--lane", "realtime")
+    if batch:
+        stack.child("batch", "worker", "--lane", "batch")
+    readyz = http_ready(stack.url + "/readyz")
+    client = redis.Redis(port=server.port)
+    stack.supervisor.ready = lambda: readyz() and (not batch or _batch_worker_alive(client))
     try:
-        stack.spawn("gateway", "gateway")
-        stack.spawn("realtime", "worker", "--lane", "realtime")
-        if batch:
-            stack.spawn("batch", "worker", "--lane", "batch")
-        _wait_ready(stack, batch=batch)
+        stack.supervisor.start_all()
     except BaseException:
         stack.stop()
         raise
+    finally:
+        client.close()
     return stack
+
+
+@contextmanager
+def lone_gateway(workdir: Path, redis_url: str, **env: str) -> Iterator[str]:
+    """A real gateway process with Redis and no worker (its URL); ``env`` adds
+    ``LANEGATE_*`` settings. Its log is ``workdir/gateway.log``."""
+    port = free_port()
+    full_env = {**os.environ, "LANEGATE_REDIS_URL": redis_url, "LANEGATE_PORT": str(port),
+                **env}
+    log_path = workdir / "gateway.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "lanegate.cli", "gateway"],
+                                env=full_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -17,14 +17,17 @@ from conftest import RedisServer, free_port
 from gateway.auth import (
     ANONYMOUS,
     acquire_session,
+    lease_member,
+    leases_ctx,
     live_sessions,
-    refresh_session,
+    refresh_sessions,
     release_session,
     tenant_id,
     tenant_of,
 )
 from gateway.errors import error_middleware
-from gateway.state import SETTINGS
+from gateway.state import GATEWAY_ID, LEASES, REDIS, SETTINGS
+from lanegate.constants import GATEWAY_KEY
 from lanegate.settings import Settings
 
 Serve = Callable[[Settings], Awaitable[str]]
@@ -98,7 +101,7 @@ async def test_session_leases_limit_a_key_across_gateways(redis_server: RedisSer
         assert await acquire_session(two, settings, tenant, "s2")
         assert not await acquire_session(one, settings, tenant, "s3")
         assert await acquire_session(two, settings, tenant_id("other"), "s4")
-        await refresh_session(one, settings, tenant, "s1")  # a live lease stays counted
+        await refresh_sessions(one, settings, {tenant: ["s1"]})  # a live lease stays counted
         assert await live_sessions(one, tenant) == 2
         await release_session(two, settings, tenant, "s1")
         assert await acquire_session(two, settings, tenant, "s3")
@@ -117,6 +120,69 @@ async def test_a_dead_gateways_leases_expire(redis_server: RedisServer) -> None:
         await asyncio.sleep(0.4)  # nobody refreshed "crashed"
         assert await acquire_session(client, settings, tenant, "next")
     finally:
+        await client.aclose()
+
+
+async def test_the_sessions_of_a_gateway_whose_heartbeat_stopped_stop_counting(
+        redis_server: RedisServer) -> None:
+    """A killed gateway cannot release its leases: they stop counting when its heartbeat
+    expires (``gateway_lease_s``), long before the session lease, so its clients'
+    reconnects through another (or a restarted) gateway are admitted."""
+    settings = Settings(api_keys="k", max_sessions_per_key=1, session_lease_s=30,
+                        gateway_lease_s=0.3)
+    tenant = tenant_id("k")
+    client = aioredis.Redis.from_url(redis_server.url)
+    apps = {}
+    for name in ("live", "killed"):
+        app = web.Application()
+        app[REDIS], app[SETTINGS], app[GATEWAY_ID] = client, settings, name
+        apps[name] = app
+    heartbeat = leases_ctx(apps["live"])
+    try:
+        await anext(heartbeat)
+        # the killed gateway's last heartbeat: nobody refreshes it again
+        await client.set(GATEWAY_KEY.format(gateway_id="killed"), "1", px=300)
+        assert await acquire_session(client, settings, tenant, lease_member(apps["killed"], "a"))
+        assert not await acquire_session(client, settings, tenant,
+                                         lease_member(apps["live"], "b"))
+        await asyncio.sleep(0.5)
+        assert await acquire_session(client, settings, tenant, lease_member(apps["live"], "b"))
+        await asyncio.sleep(0.5)  # the live gateway's heartbeat keeps its session counted
+        assert not await acquire_session(client, settings, tenant,
+                                         lease_member(apps["live"], "c"))
+        assert await anext(heartbeat, None) is None  # a clean exit deletes the heartbeat
+        assert not await client.exists(GATEWAY_KEY.format(gateway_id="live"))
+        assert await acquire_session(client, settings, tenant, lease_member(apps["live"], "c"))
+    finally:
+        await heartbeat.aclose()
+        await client.aclose()
+
+
+async def test_a_gateway_keeps_its_streams_leases_until_it_releases_them(
+        redis_server: RedisServer) -> None:
+    """One refresh per gateway keeps every live stream's lease: past several lease
+    lengths both still count; a released one stops counting and is not added back."""
+    settings = Settings(api_keys="k", max_sessions_per_key=2, max_key_share=1.0,
+                        session_lease_s=2.0)
+    tenant = tenant_id("k")
+    client = aioredis.Redis.from_url(redis_server.url)
+    app = web.Application()
+    app[REDIS], app[SETTINGS], app[GATEWAY_ID] = client, settings, "gw"
+    keeper = leases_ctx(app)
+    try:
+        await anext(keeper)
+        leases = app[LEASES]
+        assert await leases.admit(tenant, "gw/a") is None
+        assert await leases.admit(tenant, "gw/b") is None
+        assert await leases.admit(tenant, "gw/c") == 2
+        await asyncio.sleep(5.0)  # two and a half leases; refreshed every 0.67 s
+        assert await live_sessions(client, tenant) == 2
+        await leases.release(tenant, "gw/a")
+        await asyncio.sleep(1.0)  # a refresh or more since
+        assert await live_sessions(client, tenant) == 1
+        assert await leases.admit(tenant, "gw/c") is None
+    finally:
+        await keeper.aclose()
         await client.aclose()
 
 

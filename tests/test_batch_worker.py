@@ -28,14 +28,19 @@ from phrases import MOST, PARAGRAPH, recall
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from engines import Hypothesis, create_engine
+from engines.base import DecodeOptions
+from engines.simulated import FAULT_EXIT_CODE, words_of
 from lanegate.blobs import new_id
 from lanegate.constants import DEAD_LETTER_STREAM, JOB_GROUP, JOB_STREAM, RESULT_KEY
+from lanegate.redis_io import redis_client
 from lanegate.settings import Settings
-from lanes.jobs import Job, JobStore
-from lanes.queue import redis_client
+from lanes.job_audio import audio_path, load_segments, read_segment
+from lanes.job_protocol import Job
+from lanes.jobs import JobStore
+from lanes.registry import list_workers
+from vad import VadSettings
 from workers.batch import BatchConsumer
-from workers.engines import Hypothesis, create_engine
-from workers.registry import list_workers
 
 REPO = Path(__file__).resolve().parent.parent
 LONG_TEXT = ". ".join([PARAGRAPH] * 6)  # about 92 s at the fixture's voice and pace
@@ -446,9 +451,9 @@ async def test_cancel_stops_the_worker_within_one_batch(
     calls: list[int] = []
     holder: list[BatchConsumer] = []
 
-    async def decode(pcms: list[bytes]) -> list[Hypothesis]:
+    async def decode(pcms: list[bytes], options: DecodeOptions) -> list[Hypothesis]:
         calls.append(len(pcms))
-        return await holder[0].engine_decode(pcms)
+        return await asyncio.to_thread(holder[0].engine.transcribe_batch, pcms, options)
 
     job_id = await env.submit(long_pcm)
     consumer = await consumer_factory(env, decode=decode)
@@ -478,9 +483,9 @@ async def test_segments_of_several_jobs_share_batches(
     batches: list[float] = []
     holder: list[BatchConsumer] = []
 
-    async def decode(pcms: list[bytes]) -> list[Hypothesis]:
+    async def decode(pcms: list[bytes], options: DecodeOptions) -> list[Hypothesis]:
         batches.append(sum(len(p) for p in pcms) / 32000)
-        return await holder[0].engine_decode(pcms)
+        return await asyncio.to_thread(holder[0].engine.transcribe_batch, pcms, options)
 
     jobs = [await env.submit(long_pcm[: 15 * 32000]) for _ in range(3)]
     consumer = await consumer_factory(env, decode=decode)
@@ -491,6 +496,34 @@ async def test_segments_of_several_jobs_share_batches(
     assert all(b <= 40.0 for b in batches)
     texts = {(await env.store.result(j, "t1")).text for j in jobs}  # type: ignore[union-attr]
     assert len(texts) == 1  # same audio, same text, whichever batch it rode in
+
+
+async def test_each_job_is_decoded_with_its_own_options(
+    env_factory: Callable[..., Env],
+    consumer_factory: Callable[..., Awaitable[BatchConsumer]], long_pcm: bytes,
+) -> None:
+    env = env_factory(engine="simulated", batch_max_audio_s=40.0, max_window_s=10.0)
+    seen: list[tuple[DecodeOptions, int]] = []
+    holder: list[BatchConsumer] = []
+
+    async def decode(pcms: list[bytes], options: DecodeOptions) -> list[Hypothesis]:
+        seen.append((options, len(pcms)))
+        return await asyncio.to_thread(holder[0].engine.transcribe_batch, pcms, options)
+
+    asks = [{"language": "de-AT", "prompt": "Wien"}, {"temperature": 0.5}, {}]
+    jobs = [await env.submit(long_pcm[: 15 * 32000], **ask) for ask in asks]
+    consumer = await consumer_factory(env, decode=decode)
+    holder.append(consumer)
+    for job_id in jobs:
+        assert (await env.until(job_id, lambda j: j.terminal)).status == "completed"
+    assert {options for options, _ in seen} == {
+        DecodeOptions(language="de", prompt="Wien"), DecodeOptions(temperature=0.5),
+        DecodeOptions()}
+    result = await env.store.result(jobs[0], "t1")
+    assert result is not None
+    assert result.language == "de-AT"
+    assert (await env.job(jobs[0])).language == "de-AT"  # asked for: kept as asked
+    assert (await env.job(jobs[2])).language == "en"  # the simulated engine knows English only
 
 
 async def test_two_workers_share_the_queue_and_each_job_runs_once(
@@ -506,3 +539,76 @@ async def test_two_workers_share_the_queue_and_each_job_runs_once(
     assert {j.status for j in done} == {"completed"}
     assert {j.attempts for j in done} == {1}
     await _stream_is_empty(env.redis)
+
+
+# --- a bad job is charged alone ------------------------------------------------------------
+
+#: innocent jobs and one job whose audio makes the engine fail, all batched together
+INNOCENT_S, POISON_AT_S = 12, 40
+
+
+def decoded_words(env: Env, job_id: str) -> set[str]:
+    """Every word the simulated engine says for the job's segments, as a worker cuts them."""
+    path = audio_path(env.store.blobs, job_id)
+    segments, _ = load_segments(path, VadSettings.from_settings(env.settings))
+    return {w.word for seg in segments for w in words_of(read_segment(path, seg))}
+
+
+async def submit_with_poison(env: Env, pcm: bytes) -> tuple[list[str], str, str]:
+    """Innocent jobs around one poison job; and the word that makes the engine fail."""
+    innocent = [await env.submit(pcm[: INNOCENT_S * 32000]) for _ in range(2)]
+    poison = await env.submit(pcm[POISON_AT_S * 32000:(POISON_AT_S + 8) * 32000])
+    innocent.append(await env.submit(pcm[: INNOCENT_S * 32000]))
+    clean = set().union(*(decoded_words(env, j) for j in innocent))
+    marker = sorted(decoded_words(env, poison) - clean)[0]
+    return innocent, poison, marker
+
+
+async def test_a_batch_that_fails_in_the_engine_charges_only_the_bad_job(
+    env_factory: Callable[..., Env],
+    consumer_factory: Callable[..., Awaitable[BatchConsumer]], long_pcm: bytes,
+) -> None:
+    probe = env_factory(engine="simulated")
+    innocent, poison, marker = await submit_with_poison(probe, long_pcm)
+    env = env_factory(engine="simulated", sim_fail_on=marker, max_attempts=3,
+                      batch_max_audio_s=60.0, max_window_s=10.0)
+    await consumer_factory(env)
+    job = await env.until(poison, lambda j: j.terminal)
+    assert job.status == "failed"
+    assert job.error is not None
+    assert job.error.startswith("gave up after 3 attempts: engine error: SimulatedFault")
+    for job_id in innocent:
+        done = await env.until(job_id, lambda j: j.terminal)
+        assert (done.status, done.attempts) == ("completed", 1), done
+    dead = await env.redis.xrange(DEAD_LETTER_STREAM)
+    assert [fields[b"job_id"] for _, fields in dead] == [poison.encode()]
+    await _stream_is_empty(env.redis)
+
+
+async def test_a_job_that_crashes_the_process_is_the_only_one_dead_lettered(
+    env_factory: Callable[..., Env], worker_factory: Callable[..., WorkerProcess],
+    long_pcm: bytes,
+) -> None:
+    probe = env_factory(engine="simulated")
+    innocent, poison, marker = await submit_with_poison(probe, long_pcm)
+    env = env_factory(engine="simulated", sim_fail_on=marker, sim_fail_exit=True,
+                      max_attempts=3, claim_idle_s=0.5, batch_max_audio_s=60.0,
+                      max_window_s=10.0)
+    crashes = 0
+    while crashes < 8:  # the test restarts crashed workers, as a supervisor would
+        worker = worker_factory(env)
+        while worker.proc.poll() is None and not (await env.job(poison)).terminal:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        if worker.proc.poll() is None:
+            break
+        assert worker.proc.returncode == FAULT_EXIT_CODE
+        crashes += 1
+    job = await env.until(poison, lambda j: j.terminal)
+    assert job.status == "failed"
+    assert crashes == 3, "the bad job crashed its worker once per attempt, no more"
+    for job_id in innocent:
+        done = await env.until(job_id, lambda j: j.terminal)
+        assert done.status == "completed", done
+        assert done.attempts <= 2, "one crash beside the bad job at most"
+    dead = await env.redis.xrange(DEAD_LETTER_STREAM)
+    assert [fields[b"job_id"] for _, fields in dead] == [poison.encode()]

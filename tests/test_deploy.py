@@ -9,13 +9,17 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import redis
 import yaml
+from conftest import free_port
 from deploy_support import (
     ALERTS_TEST_YML,
     ALERTS_YML,
@@ -24,11 +28,14 @@ from deploy_support import (
     PROMETHEUS_YML,
     PROVISIONING,
     ROOT,
+    MissingVariable,
     alert_rules,
     compose,
     compose_cpu,
+    compose_with,
     dashboards,
     defined_metrics,
+    interpolate,
     load_yaml,
     metric_names,
     panel_queries,
@@ -36,8 +43,10 @@ from deploy_support import (
     without_threshold,
 )
 
+from gateway.app import anonymous_refusal
 from lanegate.cli import COMMANDS, build_parser
-from lanegate.settings import ENV_PREFIX, Settings, env_names, parse_value
+from lanegate.settings import ENV_PREFIX, Appendfsync, Settings, env_names, parse_value
+from lanegate.webhooks import webhooks_enabled
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -46,6 +55,10 @@ needs_promtool = pytest.mark.skipif(
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+#: what an operator puts in .env (both are required)
+SECRETS = {"LANEGATE_REDIS_PASSWORD": "5f1c0ffee" * 4, "GRAFANA_ADMIN_PASSWORD": "g-7d41aa",
+           "LANEGATE_INTERNAL_TOKEN": "1e7a2b" * 6}
 
 
 def services() -> dict[str, dict[str, Any]]:
@@ -138,7 +151,7 @@ def test_compose_has_every_process() -> None:
     assert roles.count("realtime") >= 1
     assert roles.count("batch") >= 1
     for name, svc in lanegate_services().items():
-        assert svc.get("build") == ".", f"{name} builds the repository's Dockerfile"
+        assert svc["build"]["context"] == ".", f"{name} builds the repository's Dockerfile"
 
 
 def test_every_command_is_a_real_lanegate_subcommand() -> None:
@@ -210,10 +223,10 @@ def test_volumes_and_blob_store_agree() -> None:
 
 
 def test_ports_addresses_and_healthchecks_agree() -> None:
-    data = compose()
+    data = compose_with(SECRETS)  # as Compose runs it: the Redis URL carries the password
     redis_url = None
     paths = set()
-    for name, svc in lanegate_services().items():
+    for name, svc in lanegate_services(data).items():
         port = metrics_port(svc)
         environment = env(svc)
         url = urlsplit(healthcheck_url(svc))
@@ -258,7 +271,7 @@ def test_lanes_get_disjoint_gpus() -> None:
             assert not ids, f"{name} should not hold a GPU"
     realtime_ids = set().union(*realtime)
     assert realtime_ids == {"0", "1"}
-    assert batch == {"2", "3"}
+    assert batch == {"2"}  # the engine decodes on one device: one GPU per batch service
     assert sum(len(s) for s in realtime) == len(realtime_ids), "realtime workers share a GPU"
 
 
@@ -281,11 +294,21 @@ def test_cpu_variant_pins_lanes_to_disjoint_cpusets() -> None:
             assert not sets[a] & sets[b], f"{a} and {b} share CPUs"
 
 
+def dockerfile_stages() -> dict[str, str]:
+    """Stage name -> what it is built FROM (another stage or an image)."""
+    text = (ROOT / "Dockerfile").read_text()
+    return {m[1]: m[0] for m in re.findall(r"^FROM\s+(\S+)\s+AS\s+(\S+)", text, re.M)}
+
+
 def test_dockerfile_is_slim_nonroot_and_without_extras() -> None:
     text = (ROOT / "Dockerfile").read_text()
     bases = re.findall(r"^FROM\s+(\S+)", text, re.M)
     assert bases
-    assert all(b == "python:3.11-slim" for b in bases)
+    stages = dockerfile_stages()
+    images = [b for b in bases if b not in stages]
+    assert images
+    assert all(b == "python:3.11-slim" for b in images)
+    assert list(stages)[-1] == "cpu", "a plain `docker build .` must give the CPU image"
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users
     assert users[-1] not in ("root", "0")
@@ -296,8 +319,168 @@ def test_dockerfile_is_slim_nonroot_and_without_extras() -> None:
         for path in src.split():
             assert (ROOT / path).exists(), f"Dockerfile copies missing {path}"
     ignore = (ROOT / ".dockerignore").read_text().split()
-    for package in ("lanegate/", "gateway/", "lanes/", "vad/", "workers/"):
-        assert f"!{package}" in ignore
+    copied = set(re.findall(r"^COPY\s+(?!--from)(\S+)\s+\./\1$", text, re.M))
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]:
+        package = pattern.rstrip("*")
+        assert f"!{package}/" in ignore, f".dockerignore leaves out {package}"
+        assert package in copied, f"the Dockerfile does not copy {package}"
+
+
+def ctranslate2_nvidia_libraries() -> set[str]:
+    """The NVIDIA libraries the installed CTranslate2 library names (it loads them itself)."""
+    import ctranslate2
+
+    libs = Path(ctranslate2.__file__).parent.parent / "ctranslate2.libs"
+    found: set[str] = set()
+    for lib in libs.glob("libctranslate2*.so*"):
+        found |= {m.decode() for m in re.findall(rb"lib(?:cudnn|cublas|cudart|cufft)[A-Za-z_]*"
+                                                 rb"\.so\.\d+", lib.read_bytes())}
+    return found
+
+
+def test_the_cuda_image_adds_what_ctranslate2_loads_and_the_workers_run_it() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = dockerfile_stages()
+    assert stages["cuda"] == "runtime"
+    assert stages["cpu"] == "runtime"
+    assert stages["build-cuda"] == "build"
+    # the installed wheel asks for cuBLAS 12 alone; the image brings exactly that
+    assert ctranslate2_nvidia_libraries() == {"libcublas.so.12"}
+    assert re.search(r'pip install "nvidia-cublas-cu12==12\.\*"', text)
+    assert "cudnn" not in text.split("FROM build AS build-cuda", 1)[1].lower()
+    library_path = re.search(r"LD_LIBRARY_PATH=(\S+)", text)
+    assert library_path is not None
+    assert library_path[1].endswith("/site-packages/nvidia/cublas/lib")
+    assert "/opt/lanegate/lib/python3.11/" in library_path[1]  # the venv of python:3.11
+    for name, svc in lanegate_services().items():
+        target = svc["build"]["target"]
+        assert target == ("cpu" if role(svc) == "gateway" else "cuda"), name
+        assert env(svc)["LANEGATE_ENGINE"] == "whisper"
+    for name, svc in lanegate_services(compose_cpu()).items():
+        assert svc["build"]["target"] == "cpu", f"{name} runs the CUDA image without a GPU"
+        if role(svc) != "gateway":
+            assert env(svc)["LANEGATE_DEVICE"] == "cpu"
+
+
+# --- secure by default ------------------------------------------------------------------
+
+def settings_of(service: dict[str, Any]) -> Settings:
+    """The settings a lanegate service runs with (its environment and --host)."""
+    host = flag(service["command"], "--host")
+    return Settings.from_env(env(service), **({"host": host} if host else {}))
+
+
+def test_interpolation_follows_compose() -> None:
+    env_ = {"SET": "v", "EMPTY": ""}
+    cases = {"${SET}": "v", "$SET/x": "v/x", "${UNSET}": "", "${UNSET:-d}": "d",
+             "${EMPTY:-d}": "d", "${EMPTY-d}": "", "${SET:+alt}": "alt", "${EMPTY:+alt}": "",
+             "${EMPTY+alt}": "alt", "$${SET}": "${SET}", "${SET:?need it}": "v"}
+    for raw, want in cases.items():
+        assert interpolate(raw, env_) == want, raw
+    for raw in ("${UNSET:?need it}", "${EMPTY:?need it}", "${UNSET?need it}"):
+        with pytest.raises(MissingVariable, match="need it"):
+            interpolate(raw, env_)
+    assert interpolate("${EMPTY?fine}", env_) == ""
+
+
+@pytest.mark.parametrize("missing", sorted(SECRETS))
+def test_compose_does_not_start_without_its_secrets(missing: str) -> None:
+    with pytest.raises(MissingVariable, match=missing):
+        compose_with({k: v for k, v in SECRETS.items() if k != missing})
+    with pytest.raises(MissingVariable, match=missing):
+        compose_with({**SECRETS, missing: ""})
+    assert compose_with(SECRETS)["services"]
+
+
+def test_redis_requires_the_password_that_every_service_is_given(tmp_path: Path) -> None:
+    data = compose_with(SECRETS)
+    password = SECRETS["LANEGATE_REDIS_PASSWORD"]
+    redis_svc = data["services"]["redis"]
+    assert "ports" not in redis_svc, "Redis must not be published to the host"
+    assert flag(redis_svc["command"], "--requirepass") == password
+    assert env(redis_svc)["REDISCLI_AUTH"] == password  # the healthcheck's redis-cli
+    urls = {name: env(svc)["LANEGATE_REDIS_URL"] for name, svc in lanegate_services(data).items()}
+    assert set(urls) == set(lanegate_services(data))
+    for name, url in urls.items():
+        parts = urlsplit(url)
+        assert (parts.password, parts.hostname, parts.port) == (password, "redis", 6379), name
+
+    # a real redis-server with compose's arguments: the services' URL gets in, nobody else
+    argv = list(redis_svc["command"])
+    argv[argv.index("--dir") + 1] = str(tmp_path)
+    port = free_port()
+    proc = subprocess.Popen([*argv, "--port", str(port), "--bind", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis.from_url(next(iter(urls.values())).replace(
+            "@redis:6379", f"@127.0.0.1:{port}"), socket_connect_timeout=1)
+        for _ in range(100):
+            try:
+                assert client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.1)
+        assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        client.close()
+        anonymous = redis.Redis(port=port, socket_connect_timeout=1)
+        with pytest.raises(redis.exceptions.RedisError, match=r"(?i)auth"):
+            anonymous.ping()
+        anonymous.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_gateway_refuses_to_start_open_unless_keys_or_allow_anonymous() -> None:
+    def gateway(extra: dict[str, str]) -> Settings:
+        svcs = lanegate_services(compose_with({**SECRETS, **extra}))
+        (svc,) = [s for s in svcs.values() if role(s) == "gateway"]
+        return settings_of(svc)
+
+    default = gateway({})
+    assert default.host == "0.0.0.0"
+    assert (default.api_key_set, default.allow_anonymous) == (frozenset(), False)
+    assert anonymous_refusal(default) is not None  # exits 2 (tests/test_secure_defaults.py)
+    assert anonymous_refusal(gateway({"LANEGATE_API_KEYS": "k1,k2"})) is None
+    assert anonymous_refusal(gateway({"LANEGATE_ALLOW_ANONYMOUS": "true"})) is None
+
+
+def test_prometheus_is_internal_and_cannot_be_reloaded_or_stopped_over_http() -> None:
+    prom = services()["prometheus"]
+    assert "ports" not in prom, "Prometheus has no auth: it is not published by default"
+    assert "9090" in [str(p) for p in prom["expose"]]
+    for option in ("--web.enable-lifecycle", "--web.enable-admin-api"):
+        assert not any(str(arg).startswith(option) for arg in prom["command"]), option
+
+
+def test_grafana_admin_password_comes_from_the_environment_and_never_defaults() -> None:
+    raw = env(services()["grafana"])
+    no_default = "${GRAFANA_ADMIN_PASSWORD:?set GRAFANA_ADMIN_PASSWORD}"
+    assert raw["GF_SECURITY_ADMIN_PASSWORD"] == no_default
+    grafana = env(compose_with(SECRETS)["services"]["grafana"])
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == SECRETS["GRAFANA_ADMIN_PASSWORD"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert grafana["GF_USERS_ALLOW_SIGN_UP"] == "false"
+
+
+def test_webhook_secret_and_address_policy_come_from_the_environment() -> None:
+    for svc in lanegate_services(compose_with(SECRETS)).values():
+        settings = settings_of(svc)
+        assert not webhooks_enabled(settings)  # no secret: webhooks refused, none sent
+        assert not settings.webhook_allow_private
+    hooked = compose_with({**SECRETS, "LANEGATE_WEBHOOK_SECRET": "whsec-1"})
+    for svc in lanegate_services(hooked).values():
+        assert settings_of(svc).webhook_secret == "whsec-1"
+
+
+def test_appendfsync_is_everysec_unless_the_operator_chooses() -> None:
+    def appendfsync(extra: dict[str, str]) -> str | None:
+        return flag(compose_with({**SECRETS, **extra})["services"]["redis"]["command"],
+                    "--appendfsync")
+
+    assert appendfsync({}) == Appendfsync.EVERYSEC
+    assert appendfsync({"LANEGATE_REDIS_APPENDFSYNC": "always"}) == Appendfsync.ALWAYS
 
 
 # --- prometheus --------------------------------------------------------------------------
@@ -382,8 +565,8 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboards() -> None:
     url = urlsplit(source["url"])
     assert url.hostname == "prometheus"
     assert url.hostname in services()
-    published = [p.split(":") for p in services()["prometheus"]["ports"]]
-    assert [str(url.port), str(url.port)] in published
+    # Grafana reads Prometheus on the compose network, where it is exposed (not published)
+    assert str(url.port) in [str(p) for p in services()["prometheus"]["expose"]]
     providers = load_yaml(PROVISIONING / "dashboards" / "lanegate.yml")["providers"]
     path = providers[0]["options"]["path"]
     assert (ROOT / mounts[path]).resolve() == DASHBOARD_DIR

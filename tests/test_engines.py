@@ -11,11 +11,11 @@ import pytest
 from conftest import read_pcm
 from phrases import SENTENCE_RECALL, TALKING, TRAFFIC, recall, words
 
+from engines import Hypothesis, NoFreeSlot, create_engine
+from engines.pocketsphinx import PocketsphinxEngine
+from engines.resample import StreamResampler
+from engines.simulated import SimulatedEngine
 from lanegate.settings import Settings, SettingsError
-from workers.engines import Hypothesis, NoFreeSlot, create_engine
-from workers.engines.pocketsphinx import PocketsphinxEngine
-from workers.engines.resample import StreamResampler
-from workers.engines.simulated import SimulatedEngine
 
 SENTENCE = TRAFFIC
 OTHER = TALKING
@@ -111,6 +111,18 @@ def test_pocketsphinx_rejects_odd_bytes(ps: PocketsphinxEngine) -> None:
         stream.close()
 
 
+def test_pocketsphinx_finishes_an_utterance_too_short_to_search(
+        ps: PocketsphinxEngine) -> None:
+    """A client may commit 50 ms (the Realtime API's clear does): no words, no crash."""
+    stream = ps.open_stream()
+    try:
+        stream.start()
+        ps.step([(stream, bytes(1600))])  # 50 ms of silence
+        assert stream.finish().words == ()
+    finally:
+        stream.close()
+
+
 def test_resampled_telephony_is_recognized(
     ps: PocketsphinxEngine, speech: Callable[..., Path]
 ) -> None:
@@ -179,7 +191,7 @@ def test_simulated_cost_model_and_slots() -> None:
         sim_settings(sim_step_fixed_ms=2.0, sim_prefill_frame_ms=0.5, sim_decode_seq_ms=1.0),
         slots=1)
     assert engine.step_cost_s(16000, 2) == pytest.approx(0.002 + 100 * 0.0005 + 0.002)
-    assert engine.cost_prior_s_per_audio_s() == pytest.approx(0.05)
+    assert engine.cost_prior().s_per_audio_s == pytest.approx(0.05)
     prior = engine.cost_prior()
     assert (prior.step_fixed_s, prior.per_seq_s) == pytest.approx((0.002, 0.001))
     stream = engine.open_stream()

@@ -17,10 +17,10 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from conftest import RedisServer, free_port
 
+from engines.simulated import SimulatedEngine
 from gateway.app import create_app
 from lanegate.settings import Settings
-from workers import registry
-from workers.engines.simulated import SimulatedEngine
+from lanes import registry
 from workers.realtime import RealtimeWorker
 
 Gateway = Callable[..., Awaitable[tuple[str, web.AppRunner]]]

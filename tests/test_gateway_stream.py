@@ -25,7 +25,7 @@ from stack import Stack, start_stack
 from wsrun import Run
 
 from gateway.auth import tenant_id
-from lanegate.constants import KEY_SESSIONS_KEY, WORKER_KEY, WORKERS_KEY
+from lanegate.constants import KEY_SESSIONS_KEY
 
 ONE = TRAFFIC
 TWO = TALKING
@@ -238,6 +238,19 @@ async def test_api_key_in_the_query_is_accepted(
     assert run.events[0]["type"] == "ready"
     assert run.events[-1] == {"type": "done"}
     assert run.close_code == 1000
+
+
+@pytest.mark.parametrize("language", ["en", "en-US", "en_US"])
+async def test_language_tags_like_the_uploads_take(
+    stack: Stack, http: aiohttp.ClientSession, language: str
+) -> None:
+    async def end(ws: aiohttp.ClientWebSocketResponse) -> None:
+        await ws.send_str('{"type":"end"}')
+
+    run = await one_shot(http, stream_url(stack, f"sample_rate=16000&language={language}"),
+                         headers=auth("gamma"), send=end, free=(stack, "gamma"))
+    assert run.events[0]["type"] == "ready"
+    assert run.events[-1] == {"type": "done"}
 
 
 @pytest.mark.parametrize("query", ["sample_rate=7999", "sample_rate=48001",
@@ -462,63 +475,16 @@ async def test_health_ready_metrics_and_json_errors(
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A gateway with two realtime workers of one slot each."""
+    """A gateway with two realtime workers of one slot each, failover off (with it on, a
+    lost worker's stream moves to a free one: tests/test_failover.py)."""
     s = start_stack(tmp_path_factory.mktemp("pair-stack"), batch=False, realtime_slots=1,
-                    settings={"LANEGATE_DRAIN_TIMEOUT_S": "20"})
+                    # both sessions come anonymously from one address: no share limit
+                    settings={"LANEGATE_DRAIN_TIMEOUT_S": "20", "LANEGATE_MAX_KEY_SHARE": "1",
+                              "LANEGATE_FAILOVER_BUFFER_S": "0"})
     s.spawn("realtime-b", "worker", "--lane", "realtime")
-    _wait_workers(s, 2)
+    s.wait_workers(2)
     yield s
     s.stop()
-
-
-def _live_workers(s: Stack) -> dict[str, str]:
-    """worker id -> url of the live realtime workers."""
-    client = redis.Redis(port=s.redis.port)
-    try:
-        out = {}
-        for raw in client.smembers(WORKERS_KEY.format(lane="realtime")):
-            record = client.get(WORKER_KEY.format(worker_id=raw.decode()))
-            if record is not None:
-                info = json.loads(record)
-                if not info["draining"] and get(info["url"] + "/healthz")[0] == 200:
-                    out[info["worker_id"]] = info["url"]
-        return out
-    finally:
-        client.close()
-
-
-def _wait_workers(s: Stack, n: int) -> None:
-    deadline = time.monotonic() + 90
-    while len(_live_workers(s)) < n:
-        s.check_alive()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{n} realtime workers not up\n{s.diagnostics()}")
-        time.sleep(0.2)
-
-
-def _ensure_two_workers(s: Stack) -> None:
-    for name in ("realtime", "realtime-b"):
-        if s.procs[name].popen.poll() is not None:
-            s.spawn(name, "worker", "--lane", "realtime")
-    _wait_workers(s, 2)
-
-
-def _busy_worker_proc(s: Stack) -> str:
-    """The stack process name of the worker whose one slot is taken (live /readyz)."""
-    for worker_id, url in _live_workers(s).items():
-        status, body, _ = get(url + "/readyz")
-        if status == 200 and isinstance(body, dict) and body["slots_free"] == 0:
-            pid = int(worker_id.rsplit("-", 1)[1])
-            for name, proc in s.procs.items():
-                if proc.popen.pid == pid:
-                    return name
-    raise AssertionError("no busy worker found")
-
-
-def _busy_count(s: Stack) -> int:
-    return sum(1 for url in _live_workers(s).values()
-               if (r := get(url + "/readyz"))[0] == 200 and isinstance(r[1], dict)
-               and r[1]["slots_free"] == 0)
 
 
 async def _start_session(http: aiohttp.ClientSession, s: Stack, pcm: bytes
@@ -542,15 +508,17 @@ async def _lost_after(ws: aiohttp.ClientWebSocketResponse, kill: Callable[[], No
 async def test_worker_dying_mid_session_gives_worker_lost_and_the_gateway_carries_on(
     pair: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int], how: str
 ) -> None:
-    _ensure_two_workers(pair)
+    pair.ensure_workers("realtime", "realtime-b")
     pcm, rate = one
     ws = await _start_session(http, pair, pcm)
-    victim = pair.procs[_busy_worker_proc(pair)].popen
+    (busy,) = pair.busy_workers()
+    victim = pair.procs[busy].proc
+    assert victim is not None
     # a session on the other worker, streaming while the first one's worker dies
     bystander = asyncio.create_task(stream_speech(http, pair, pcm, rate, key=None))
     try:
         for _ in range(100):
-            if _busy_count(pair) == 2:
+            if len(pair.busy_workers()) == 2:
                 break
             await asyncio.sleep(0.05)
         run, waited = await _lost_after(
@@ -577,11 +545,11 @@ async def test_worker_dying_mid_session_gives_worker_lost_and_the_gateway_carrie
 async def test_worker_sigterm_drains_the_session_then_exits_0(
     pair: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int]
 ) -> None:
-    _ensure_two_workers(pair)
+    pair.ensure_workers("realtime", "realtime-b")
     pcm, rate = one
     ws = await _start_session(http, pair, pcm)
-    name = _busy_worker_proc(pair)
-    victim = pair.procs[name].popen
+    (name,) = pair.busy_workers()
+    victim = pair.procs[name].proc
     victim.send_signal(signal.SIGTERM)
     run = Run()
     receiver = asyncio.create_task(collect(ws, run))

@@ -21,10 +21,12 @@ from lanegate.constants import (
     RESULT_KEY,
     TENANT_JOBS_KEY,
 )
+from lanegate.redis_io import redis_client
 from lanegate.settings import Settings
 from lanegate.transcript import Segment, Transcript
-from lanes.jobs import Job, JobNotFound, JobStore
-from lanes.queue import Delivery, JobQueue, redis_client
+from lanes.job_protocol import Delivery, Job
+from lanes.jobs import JobNotFound, JobStore
+from lanes.queue import JobQueue
 
 Env = tuple[JobStore, Callable[[str], JobQueue], Settings, aioredis.Redis]
 
@@ -97,6 +99,17 @@ async def test_submit_get_and_public_json(env: Env) -> None:
     json.dumps(public)
     assert await client.xlen(JOB_STREAM) == 1
     assert await store.get(job.id, "t1") == job
+
+
+async def test_decoder_options_are_kept_and_stay_internal(env: Env) -> None:
+    store, _, _, _ = env
+    asked, _ = await submit(store, prompt="Kubernetes, Redis", temperature=0.4)
+    plain, _ = await submit(store)
+    assert (await store.get(asked.id, "t1")) == asked
+    assert (asked.language, asked.prompt, asked.temperature) == ("", "Kubernetes, Redis", 0.4)
+    assert (plain.language, plain.prompt, plain.temperature) == ("", "", None)
+    assert asked.to_public()["language"] == ""  # none asked: the result reports the detected
+    assert {"prompt", "temperature"}.isdisjoint(asked.to_public())
 
 
 async def test_submit_rejects_ids_that_are_not_blob_ids(env: Env) -> None:
@@ -298,6 +311,29 @@ async def test_one_result_when_a_slow_owner_is_reclaimed(
     assert not await slow.complete(d1, s1.attempt, transcript("slow"))
     assert await fast.complete(d2, s2.attempt, transcript("fast"))
     assert (await store.result(job.id, "t1")).text == "fast"  # type: ignore[union-attr]
+    assert await client.xlen(JOB_STREAM) == 0
+
+
+async def test_a_retried_finish_gets_the_same_answer(env: Env) -> None:
+    """The client library retries a call whose connection dropped (a Redis failover);
+    when the first run had landed, the retry must not say the job was lost."""
+    store, queue_for, _, client = env
+    done, _ = await submit(store)
+    failed, _ = await submit(store)
+    queue = queue_for("w")
+    d_done = await deliver(queue)
+    s_done = await queue.start(d_done)
+    d_failed = await deliver(queue)
+    s_failed = await queue.start(d_failed)
+    assert await queue.complete(d_done, s_done.attempt, transcript("first"))
+    assert await queue.complete(d_done, s_done.attempt, transcript("retried"))
+    assert (await store.result(done.id, "t1")).text == "first"  # type: ignore[union-attr]
+    assert await queue.fail(d_failed, s_failed.attempt, "bad audio")
+    assert await queue.fail(d_failed, s_failed.attempt, "bad audio")
+    # another attempt number is still refused
+    assert not await queue.complete(d_done, s_done.attempt + 1, transcript("other"))
+    assert not await queue.complete(d_failed, s_failed.attempt, transcript("late"))
+    assert (await store.get(failed.id, "t1")).status == "failed"  # type: ignore[union-attr]
     assert await client.xlen(JOB_STREAM) == 0
 
 

@@ -29,7 +29,8 @@ LOST_TIMEOUT_S = 2.0
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = start_stack(tmp_path_factory.mktemp("links-stack"), batch=False, realtime_slots=SLOTS,
-                    settings={"LANEGATE_ENGINE": "simulated"})
+                    # every stream comes anonymously from one address: no share limit
+                    settings={"LANEGATE_ENGINE": "simulated", "LANEGATE_MAX_KEY_SHARE": "1"})
     yield s
     s.stop()
 
@@ -59,7 +60,7 @@ def slots_free(stack: Stack) -> int:
 
 async def ensure_worker(stack: Stack) -> None:
     """A live realtime worker (a test before may have killed it) the gateway can use."""
-    proc = stack.procs["realtime"].popen
+    proc = stack.procs["realtime"].proc
     if proc.poll() is None:
         return
     stack.procs["realtime"].log.unlink()
@@ -121,7 +122,7 @@ async def test_a_dead_worker_gives_every_stream_on_its_link_worker_lost(
     stack: Stack, http: aiohttp.ClientSession, pcm: bytes, how: str
 ) -> None:
     await ensure_worker(stack)
-    victim = stack.procs["realtime"].popen
+    victim = stack.procs["realtime"].proc
     held = await asyncio.gather(*[hold(http, stack, pcm) for _ in range(STREAMS)])
     try:
         assert links(stack) == 1

@@ -20,18 +20,16 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import yaml
-from conftest import RedisServer, free_port, read_pcm
+from conftest import RedisServer, read_pcm
 from deploy_support import (
     ALERTS_YML,
     PROMETHEUS_YML,
@@ -43,6 +41,8 @@ from deploy_support import (
     panel_queries,
     without_threshold,
 )
+
+from lanegate.supervisor import Child, Supervisor, free_port, http_ready, lanegate_argv
 
 PROMETHEUS = shutil.which("prometheus")
 MISSING = [m for m in ("gateway.app", "workers.main") if importlib.util.find_spec(m) is None]
@@ -60,6 +60,7 @@ EXPECTED_EXPORTERS: dict[str, set[str]] = {
     "lanegate_partial_latency_seconds": {"gateway"},
     "lanegate_final_latency_seconds": {"gateway"},
     "lanegate_rejections_total": {"gateway"},
+    "lanegate_failovers_total": {"gateway"},
     "lanegate_queue_depth": {"gateway"},
     "lanegate_queue_oldest_age_seconds": {"gateway"},
     "lanegate_workers": {"gateway"},
@@ -71,6 +72,8 @@ EXPECTED_EXPORTERS: dict[str, set[str]] = {
     "lanegate_active_sessions": {"realtime-worker"},
     "lanegate_free_slots": {"realtime-worker"},
     "lanegate_event_loop_lag_seconds": {"realtime-worker"},
+    "lanegate_live_stall_seconds": {"realtime-worker"},
+    "lanegate_long_prefill_seconds_total": {"realtime-worker"},
     "lanegate_job_duration_seconds": {"batch-worker"},
     "lanegate_queue_wait_seconds": {"batch-worker"},
 }
@@ -79,17 +82,8 @@ SENTENCE = "the quick brown fox jumps over the lazy dog"
 FRAME_MS = 100
 #: how long the test waits for a scrape or a rule evaluation to reflect the traffic
 SETTLE_S = 30.0
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self, n: int = 30) -> str:
-        lines = self.log.read_text(errors="replace").splitlines()[-n:]
-        return f"--- {self.name} ({self.log}) ---\n" + "\n".join(lines)
+#: how long the four processes may take to be ready
+START_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -97,54 +91,16 @@ class Stack:
     gateway_url: str
     ports: dict[str, int]
     prometheus_url: str
-    procs: list[Proc] = field(default_factory=list)
+    supervisor: Supervisor
     session_id: str = ""
     job_id: str = ""
 
+    @property
+    def procs(self) -> list[Child]:
+        return self.supervisor.children
+
     def logs(self) -> str:
-        return "\n".join(p.tail() for p in self.procs)
-
-
-def _spawn(name: str, argv: list[str], env: dict[str, str], workdir: Path) -> Proc:
-    log = workdir / f"{name}.log"
-    with log.open("wb") as out:
-        popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                 cwd=ROOT)
-    return Proc(name, popen, log)
-
-
-def _stop(procs: list[Proc]) -> None:
-    for proc in reversed(procs):
-        if proc.popen.poll() is None:
-            proc.popen.terminate()
-    for proc in reversed(procs):
-        try:
-            proc.popen.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.popen.kill()
-            proc.popen.wait(10)
-
-
-async def _wait_http(url: str, procs: list[Proc], *, status: int = 200,
-                     wait_s: float = 90.0) -> None:
-    deadline = time.monotonic() + wait_s
-    last = ""
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            for proc in procs:
-                if proc.popen.poll() is not None:
-                    raise AssertionError(f"{proc.name} exited with {proc.popen.returncode}\n"
-                                         + proc.tail())
-            try:
-                async with http.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    if resp.status == status:
-                        return
-                    last = f"{resp.status} {await resp.text()}"
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                last = repr(exc)
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"{url} not {status} after {wait_s}s: {last}\n"
-                         + "\n".join(p.tail() for p in procs))
+        return self.supervisor.log_tails()
 
 
 def prometheus_config(ports: dict[str, int]) -> dict[str, Any]:
@@ -179,44 +135,44 @@ def stack(redis_server: RedisServer, tmp_path: Path) -> Iterator[Stack]:
         "LANEGATE_HEARTBEAT_S": "0.5",
         "LANEGATE_CLAIM_IDLE_S": "30",
     }
-    cli = [sys.executable, "-m", "lanegate.cli"]
-    procs: list[Proc] = []
-    try:
-        procs.append(_spawn("realtime-worker", [
-            *cli, "worker", "--lane", "realtime", "--engine", "pocketsphinx",
-            "--slots", "2", "--worker-port", str(ports["realtime-worker"]),
-        ], {**env, "LANEGATE_WORKER_ID": "rt-obs"}, tmp_path))
-        procs.append(_spawn("batch-worker", [
-            *cli, "worker", "--lane", "batch", "--engine", "pocketsphinx",
-            "--worker-port", str(ports["batch-worker"]),
-        ], {**env, "LANEGATE_WORKER_ID": "batch-obs"}, tmp_path))
-        procs.append(_spawn("gateway", [
-            *cli, "gateway", "--host", "127.0.0.1", "--port", str(ports["gateway"]),
-        ], env, tmp_path))
+    def child(name: str, argv: list[str], child_env: dict[str, str], order: int) -> Child:
+        return Child(name, argv, child_env, log=tmp_path / f"{name}.log", cwd=str(ROOT),
+                     stop_order=order)
 
-        config = tmp_path / "prometheus.yml"
-        config.write_text(yaml.safe_dump(prometheus_config(ports)))
-        assert PROMETHEUS is not None
-        procs.append(_spawn("prometheus", [
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_config(ports)))
+    assert PROMETHEUS is not None
+    gateway_url = f"http://127.0.0.1:{ports['gateway']}"
+    prometheus_url = f"http://127.0.0.1:{prom_port}"
+    children = [
+        child("realtime-worker", lanegate_argv(
+            "worker", "--lane", "realtime", "--engine", "pocketsphinx", "--slots", "2",
+            "--worker-port", str(ports["realtime-worker"]),
+        ), {**env, "LANEGATE_WORKER_ID": "rt-obs"}, 0),
+        child("batch-worker", lanegate_argv(
+            "worker", "--lane", "batch", "--engine", "pocketsphinx",
+            "--worker-port", str(ports["batch-worker"]),
+        ), {**env, "LANEGATE_WORKER_ID": "batch-obs"}, 0),
+        child("gateway", lanegate_argv(
+            "gateway", "--host", "127.0.0.1", "--port", str(ports["gateway"]),
+        ), env, 1),
+        child("prometheus", [
             PROMETHEUS, f"--config.file={config}",
             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{prom_port}",
             "--log.level=warn",
-        ], dict(os.environ), tmp_path))
-
-        gateway_url = f"http://127.0.0.1:{ports['gateway']}"
-        prometheus_url = f"http://127.0.0.1:{prom_port}"
-
-        async def ready() -> None:
-            await _wait_http(f"http://127.0.0.1:{ports['realtime-worker']}/healthz", procs)
-            await _wait_http(f"http://127.0.0.1:{ports['batch-worker']}/healthz", procs)
-            await _wait_http(f"{gateway_url}/readyz", procs)
-            await _wait_http(f"{prometheus_url}/-/ready", procs)
-
-        asyncio.run(ready())
-        yield Stack(gateway_url, ports, prometheus_url, procs)
+        ], dict(os.environ), 2),
+    ]
+    probes = [http_ready(f"http://127.0.0.1:{ports['realtime-worker']}/healthz"),
+              http_ready(f"http://127.0.0.1:{ports['batch-worker']}/healthz"),
+              http_ready(f"{gateway_url}/readyz"), http_ready(f"{prometheus_url}/-/ready")]
+    supervisor = Supervisor(children, ready=lambda: all(probe() for probe in probes),
+                            start_timeout_s=START_TIMEOUT_S, stop_timeout_s=20.0)
+    try:
+        supervisor.start_all()
+        yield Stack(gateway_url, ports, prometheus_url, supervisor)
     finally:
-        _stop(procs)
+        supervisor.stop_all()
 
 
 # --- Prometheus HTTP API ---------------------------------------------------------------
@@ -440,6 +396,7 @@ async def test_cluster_gauges_follow_the_job_stream(redis_server: RedisServer) -
     comes from the oldest such entry's id; finished entries (XACK + XDEL) leave both."""
     import redis.asyncio as aioredis
 
+    from gateway import health
     from lanegate import metrics
     from lanegate.constants import JOB_GROUP, JOB_STREAM
 
@@ -453,7 +410,7 @@ async def test_cluster_gauges_follow_the_job_stream(redis_server: RedisServer) -
 
     client = aioredis.Redis.from_url(redis_server.url)
     try:
-        await metrics.refresh_cluster_gauges(client)  # no stream yet
+        await health.refresh_cluster_gauges(client)  # no stream yet
         assert gauge(metrics.QUEUE_DEPTH) == 0
         assert gauge(metrics.QUEUE_OLDEST_AGE) == 0
 
@@ -462,7 +419,7 @@ async def test_cluster_gauges_follow_the_job_stream(redis_server: RedisServer) -
         first_ms = entry_ms(ids[0])
         await client.xreadgroup(JOB_GROUP, "w1", {JOB_STREAM: ">"}, count=1)
 
-        await metrics.refresh_cluster_gauges(client, now=first_ms / 1000 + 42.0)
+        await health.refresh_cluster_gauges(client, now=first_ms / 1000 + 42.0)
         assert gauge(metrics.QUEUE_DEPTH) == 3
         assert gauge(metrics.QUEUE_OLDEST_AGE) == pytest.approx(42.0)
 
@@ -470,13 +427,13 @@ async def test_cluster_gauges_follow_the_job_stream(redis_server: RedisServer) -
         await client.xack(JOB_STREAM, JOB_GROUP, ids[0])
         await client.xdel(JOB_STREAM, ids[0])
         second_ms = entry_ms(ids[1])
-        await metrics.refresh_cluster_gauges(client, now=second_ms / 1000 + 5.0)
+        await health.refresh_cluster_gauges(client, now=second_ms / 1000 + 5.0)
         assert gauge(metrics.QUEUE_DEPTH) == 2
         assert gauge(metrics.QUEUE_OLDEST_AGE) == pytest.approx(5.0)
 
         for entry in ids[1:]:
             await client.xdel(JOB_STREAM, entry)
-        await metrics.refresh_cluster_gauges(client)
+        await health.refresh_cluster_gauges(client)
         assert gauge(metrics.QUEUE_DEPTH) == 0
         assert gauge(metrics.QUEUE_OLDEST_AGE) == 0
     finally:

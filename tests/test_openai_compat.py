@@ -221,7 +221,8 @@ def test_prompt_and_temperature_are_accepted(client: OpenAI, short_wav: Path) ->
         ({"model": "lanegate", "temperature": "7"}, "temperature"),
         ({"model": "lanegate", "response_format": "docx"}, "response_format"),
         ({"model": "lanegate", "language": "English!"}, "language"),
-        ({"model": "lanegate", "stream": "true"}, "stream"),
+        ({"model": "lanegate", "stream": "true", "response_format": "srt"}, "stream"),
+        ({"model": "lanegate", "stream": "maybe"}, "stream"),
     ],
 )
 async def test_invalid_fields_are_400(fields: dict[str, str], param: str, stack: Stack,
@@ -248,3 +249,4 @@ def test_wait_ends_before_the_sdk_timeout(client: OpenAI, long_wav: Path, stack:
         impatient.audio.transcriptions.create(model="lanegate", file=long_wav)
     assert info.value.status_code == 504
     assert len(list_jobs(stack)) == before + 1
+

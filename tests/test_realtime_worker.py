@@ -23,14 +23,15 @@ from conftest import RedisServer, read_pcm
 from phrases import SENTENCE_RECALL, TALKING, TRAFFIC, recall
 from wsrun import Run
 
+from engines import Engine
+from engines.pocketsphinx import PocketsphinxEngine
+from engines.simulated import SimulatedEngine
+from gateway.links import WorkerLinks
 from lanegate.blobs import new_id
+from lanegate.constants import INTERNAL_TOKEN_HEADER, LINK_PATH
 from lanegate.settings import Settings
+from lanes import registry
 from lanes.jobs import JobStore
-from workers import registry
-from workers.engines import Engine
-from workers.engines.pocketsphinx import PocketsphinxEngine
-from workers.engines.simulated import SimulatedEngine
-from workers.link import LINK_PATH
 from workers.realtime import SESSION_PATH, RealtimeWorker
 
 ONE = TRAFFIC
@@ -185,6 +186,7 @@ async def test_bad_input_gets_an_error_and_never_touches_another_session(
             (ws_url(worker, "json"), lambda ws: ws.send_str("{not json")),
             (ws_url(worker, "type"), lambda ws: ws.send_str('{"type":"pause"}')),
             (ws_url(worker, "list"), lambda ws: ws.send_str("[1, 2]")),
+            (ws_url(worker, "deep"), lambda ws: ws.send_str("[" * 100_000 + "]" * 100_000)),
             (ws_url(worker, "rate", rate=96000), nothing),
             (f"{worker.url}{SESSION_PATH}?sample_rate=abc", nothing),
         ]
@@ -451,6 +453,14 @@ async def test_link_bad_input_errors_only_its_channel(worker: RealtimeWorker) ->
     await slots_back(worker)
 
 
+async def test_link_a_deeply_nested_op_closes_the_link_1008(worker: RealtimeWorker) -> None:
+    async with raw_link(worker) as link:
+        await link.ws.send_str('{"op":' * 100_000 + "1" + "}" * 100_000)
+        await asyncio.wait_for(link.reader, 5)
+        assert link.ws.close_code == 1008
+    await slots_back(worker)
+
+
 @pytest.mark.parametrize("data", [b"\x01\x00\x00", batch((1, bytes(10)))[:-4]])
 async def test_link_malformed_binary_closes_the_link_1008_and_frees_its_slots(
     worker: RealtimeWorker, data: bytes,
@@ -481,3 +491,156 @@ async def test_link_overloaded_when_full_and_closing_the_link_frees_the_slots(
         assert worker.engine.slots_free() == 0
         assert not [e for e in link.events[1] if e["type"] != "accepted"], "abandoned: silent"
     await slots_back(worker)
+
+
+# --- who may open sessions, and with which id --------------------------------------------
+
+
+async def test_a_duplicate_session_id_is_refused_and_the_live_stream_is_untouched(
+    worker: RealtimeWorker, speech: Callable[..., Path],
+) -> None:
+    pcm, _ = read_pcm(speech(ONE))
+    live = asyncio.create_task(stream(ws_url(worker, "dup"), pcm, 16000, pace_s=0.03))
+    for _ in range(100):
+        if "dup" in worker.loop.sessions:
+            break
+        await asyncio.sleep(0.02)
+    async with aiohttp.ClientSession() as http:
+        await expect_error(http, ws_url(worker, "dup"), None, "session_exists", 1008)
+    async with raw_link(worker) as link:
+        await link.open(1, "dup")
+        assert (await link.wait(1, "error"))["code"] == "session_exists"
+    run = await live
+    assert run.events[-1] == {"type": "done"}
+    assert run.close_code == 1000
+    assert recall(ONE, run.final_text) >= SENTENCE_RECALL, run.final_text
+    await slots_back(worker)
+
+
+async def test_internal_endpoints_refuse_a_caller_without_the_token(
+    redis_client: aioredis.Redis, ps_engine: PocketsphinxEngine,
+) -> None:
+    w = await start_worker(redis_client, ps_engine, internal_token="s3cret-token")
+    try:
+        async with aiohttp.ClientSession() as http:
+            for url in (ws_url(w, "x"), w.url + LINK_PATH):
+                for headers in ({}, {INTERNAL_TOKEN_HEADER: "guess"},
+                                {INTERNAL_TOKEN_HEADER: "s3cret-token-and-more"}):
+                    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                        await http.ws_connect(url, headers=headers)
+                    assert refused.value.status == 401
+                    async with http.get(url.replace("ws://", "http://"),
+                                        headers=headers) as response:
+                        assert response.status == 401
+                        assert (await response.json())["error"]["code"] == "unauthorized"
+            good = {INTERNAL_TOKEN_HEADER: "s3cret-token"}
+            async with http.ws_connect(ws_url(w, "ok"), headers=good) as ws:
+                assert (await ws.receive_json(timeout=5))["type"] == "accepted"
+            async with http.ws_connect(w.url + LINK_PATH, headers=good) as ws:
+                assert (await ws.receive_json(timeout=5))["type"] == "link"
+            async with http.get(w.url + "/healthz") as response:
+                assert response.status == 200, "probes stay open for the orchestrator"
+        await slots_back(w)
+    finally:
+        await w.stop()
+
+
+def test_a_worker_on_a_network_address_without_a_token_refuses_to_start(
+    redis_server: RedisServer,
+) -> None:
+    env = {**os.environ, "LANEGATE_REDIS_URL": redis_server.url, "LANEGATE_WORKER_HOST": "0.0.0.0",
+           "LANEGATE_ENGINE": "simulated", "LANEGATE_INTERNAL_TOKEN": ""}
+    proc = subprocess.run([sys.executable, "-m", "lanegate.cli", "worker", "--lane", "realtime"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "LANEGATE_INTERNAL_TOKEN" in proc.stderr
+
+
+# --- a session's memory at the worker is bounded ---------------------------------------------
+
+
+async def read_until_closed(ws: aiohttp.ClientWebSocketResponse) -> list[dict[str, Any]]:
+    events = []
+    async for msg in ws:
+        if msg.type == aiohttp.WSMsgType.TEXT:
+            events.append(json.loads(msg.data))
+    return events
+
+
+@pytest.mark.parametrize("flood", ["far_ahead", "many_pieces"])
+async def test_a_client_sending_too_fast_is_refused_alone(
+    redis_client: aioredis.Redis, speech: Callable[..., Path], flood: str,
+) -> None:
+    # the simulated engine at 0.1 s per audio second: 10x real time, so a flood wins
+    sim = Settings(engine="simulated", sim_prefill_frame_ms=1.0)
+    w = await start_worker(redis_client, SimulatedEngine(sim, slots=2), max_undecoded_s=5.0,
+                           max_arrival_log=50)
+    try:
+        pcm, _ = read_pcm(speech(ONE))
+        calm = asyncio.create_task(stream(ws_url(w, "calm"), pcm, 16000, pace_s=0.1))
+        async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(w, "flood")) as ws:
+            assert (await ws.receive_json(timeout=5))["type"] == "accepted"
+            reader = asyncio.create_task(read_until_closed(ws))
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                if flood == "far_ahead":  # 60 s of audio as fast as the socket takes it
+                    for _ in range(600):
+                        await ws.send_bytes(bytes(3200))
+                else:  # one sample at a time, each after a pause
+                    for _ in range(200):
+                        await ws.send_bytes(b"\x01\x00")
+                        await asyncio.sleep(0.003)
+            events = await asyncio.wait_for(reader, 30)
+            assert events[-1]["type"] == "error", events[-3:]
+            assert events[-1]["code"] == "overloaded"
+            assert ("max_undecoded_s" if flood == "far_ahead" else "max_arrival_log") \
+                in events[-1]["message"]
+            assert ws.close_code == 1013
+        run = await calm
+        assert run.events[-1] == {"type": "done"}, "the other session goes on"
+        assert run.close_code == 1000
+        await slots_back(w)
+    finally:
+        await w.stop()
+
+
+async def test_a_gateway_channel_whose_reader_lags_ends_overloaded_and_alone(
+    worker: RealtimeWorker, speech: Callable[..., Path],
+) -> None:
+    pcm, _ = read_pcm(speech(ONE))
+    pcm += bytes(32000)
+    frame = 16000 * FRAME_MS // 1000 * 2
+    async with aiohttp.ClientSession() as http:
+        links = WorkerLinks(http, Settings(max_channel_events=3))
+        try:
+            link = await links.get(worker.info())
+            lagging = link.open(session_id="lagging", sample_rate=16000, language="en")
+            reading = link.open(session_id="reading", sample_rate=16000, language="en")
+            seen: list[dict[str, Any]] = []
+
+            async def read() -> None:
+                while not seen or seen[-1].get("type") not in ("done", "error"):
+                    event = await reading.events.get()
+                    assert isinstance(event, dict), event
+                    seen.append(event)
+
+            reader = asyncio.create_task(read())
+            for off in range(0, len(pcm), frame):
+                await lagging.send_audio(pcm[off:off + frame])
+                await reading.send_audio(pcm[off:off + frame])
+                await asyncio.sleep(0.02)
+            lagging.end()
+            reading.end()
+            await asyncio.wait_for(reader, 30)
+            assert seen[-1] == {"type": "done"}
+            assert recall(ONE, " ".join(e["text"] for e in seen if e["type"] == "final")) \
+                >= SENTENCE_RECALL
+            held = [lagging.events.get_nowait() for _ in range(lagging.events.qsize())]
+            assert len(held) <= 4, "the lagging channel's queue stayed bounded"
+            last = held[-1]
+            assert isinstance(last, dict)
+            assert last["type"] == "error"
+            assert last["code"] == "overloaded"
+            assert "max_channel_events" in last["message"]
+            await slots_back(worker)
+        finally:
+            await links.close()

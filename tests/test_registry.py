@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from lanes import registry
+from lanes.registry import WorkerInfo, list_workers, pick_worker, publish
 from tests.conftest import RedisServer
-from workers import registry
-from workers.registry import WorkerInfo, list_workers, pick_worker, publish
 
 
 @pytest.fixture

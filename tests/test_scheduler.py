@@ -12,20 +12,19 @@ from conftest import read_pcm
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engines.base import CostPrior
+from engines.simulated import SimulatedEngine
 from lanegate.settings import Settings
 from lanes.cost import CostModel
 from lanes.scheduler import (
     Candidate,
     OldestPendingFirstQueue,
     StepLimits,
-    create_queue,
     plan_step,
 )
 from lanes.session import VAD_STEP_SAMPLES, RealtimeSession
 from lanes.steploop import step_limits
 from vad import VadSettings
-from workers.engines.base import CostPrior
-from workers.engines.simulated import SimulatedEngine
 
 RATE = 16000
 CHUNK = 200 * RATE // 1000
@@ -67,12 +66,8 @@ def test_nocap_plan_takes_everything() -> None:
 def test_queues_order_oldest_pending_first() -> None:
     cands = [Candidate("dump", 10 * RATE, 0.0), Candidate("live", 1600, 5.0),
              Candidate("live2", 1600, 4.0)]
-    plan = plan_step(cands, create_queue(), model(rate=0.2), BUDGET)
+    plan = plan_step(cands, OldestPendingFirstQueue(), model(rate=0.2), BUDGET)
     assert [c.session_id for c in plan.chunks] == ["dump", "live2", "live"][: len(plan.chunks)]
-    stall_free = plan_step(cands, create_queue("stall_free"), model(rate=0.2), BUDGET)
-    assert [c.session_id for c in stall_free.chunks] == ["live2", "live", "dump"]
-    with pytest.raises(ValueError, match="unknown"):
-        create_queue("lifo")
 
 
 def test_cost_model_learns_from_measured_steps() -> None:
@@ -150,7 +145,7 @@ def test_a_10s_dump_never_breaks_the_budget_or_the_others_beat(
             s.analyse(VAD_STEP_SAMPLES)
             s.settle()
         cands = [s.candidate() for s in sessions.values()]
-        plan = plan_step(cands, create_queue(), cost, limits)
+        plan = plan_step(cands, OldestPendingFirstQueue(), cost, limits)
         planned = {c.session_id for c in plan.chunks}
         assert plan.estimated_s <= limits.budget_s + 1e-9, tick
         assert all(c.samples <= limits.max_chunk_samples for c in plan.chunks)
@@ -161,7 +156,7 @@ def test_a_10s_dump_never_breaks_the_budget_or_the_others_beat(
                 for c in plan.chunks]
         hyps = engine.step(work)
         for c, hyp in zip(plan.chunks, hyps, strict=True):
-            sessions[c.session_id].after_chunk(hyp)
+            sessions[c.session_id].after_chunk(hyp, 0.0)
         if dump.cursor >= dump.buffered_end and tick > 5:
             break
     assert dump.cursor == dump.buffered_end == 10 * RATE, "the dump was digested"
@@ -185,7 +180,7 @@ def drive(session: RealtimeSession, engine: SimulatedEngine, pcm: bytes,
                 return
             if pending:
                 hyp = engine.step([(session.stream, session.take(pending))])[0]
-                events.extend(session.after_chunk(hyp))
+                events.extend(session.after_chunk(hyp, 0.0))
 
     for off in range(0, len(pcm), frame_bytes):
         session.receive(pcm[off : off + frame_bytes], 0.0)
@@ -250,7 +245,7 @@ def test_a_burst_ages_at_real_time_pace(speech: Callable[..., Path]) -> None:
     burst.take(RATE)
     assert burst.candidate().oldest_pending_at == pytest.approx(101.0)
     live.receive(pcm[:3200], now=100.5)
-    order = create_queue().order([burst.candidate(), live.candidate()], CHUNK)
+    order = OldestPendingFirstQueue().order([burst.candidate(), live.candidate()], CHUNK)
     assert [c.session_id for c in order] == ["live", "burst"], "a burst ahead of real time waits"
     live.receive(pcm[3200:6400], now=102.0)
     live.take(800)
@@ -268,7 +263,7 @@ def test_plan_properties(pending: list[tuple[int, float]], rate: float, fixed: f
                          per_seq: float, capped: bool) -> None:
     cands = [Candidate(f"s{i}", n, at) for i, (n, at) in enumerate(pending)]
     limits = StepLimits(max_chunk_samples=CHUNK, budget_s=0.05, capped=capped)
-    plan = plan_step(cands, create_queue(), model(rate, fixed, per_seq), limits)
+    plan = plan_step(cands, OldestPendingFirstQueue(), model(rate, fixed, per_seq), limits)
     waiting = {c.session_id: c.pending_samples for c in cands if c.pending_samples}
     taken = {c.session_id: c.samples for c in plan.chunks}
     assert bool(plan) == bool(waiting), "progress whenever audio waits"

@@ -24,7 +24,7 @@ def test_defaults_match_the_design() -> None:
     s = Settings()
     assert (s.port, s.step_budget_ms, s.max_chunk_ms, s.sync_max_seconds) == (8080, 50.0, 200, 30.0)
     assert (s.max_window_s, s.soft_cut_search_s, s.lanes, s.engine) == (
-        25.0, 3.0, "split", "pocketsphinx")
+        25.0, 3.0, "split", "whisper")
 
 
 def test_environment_overrides_defaults_and_overrides_win() -> None:
@@ -39,7 +39,7 @@ def test_environment_overrides_defaults_and_overrides_win() -> None:
 @pytest.mark.parametrize(("name", "raw"), [("LANEGATE_PORT", "eighty"),
                                            ("LANEGATE_CHUNK_CAP", "maybe"),
                                            ("LANEGATE_LANES", "both"),
-                                           ("LANEGATE_ENGINE", "whisper"),
+                                           ("LANEGATE_ENGINE", "julius"),
                                            ("LANEGATE_SLOTS", "-1")])
 def test_bad_values_name_the_variable(name: str, raw: str) -> None:
     with pytest.raises(SettingsError, match=name):

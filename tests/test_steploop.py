@@ -8,12 +8,12 @@ from pathlib import Path
 
 from conftest import read_pcm
 
+from engines.simulated import SimulatedEngine
 from lanegate.settings import Settings
 from lanes.scheduler import Candidate
 from lanes.session import RealtimeSession
 from lanes.steploop import Close, SessionHandle, StepLoop
 from vad import VadSettings
-from workers.engines.simulated import SimulatedEngine
 
 RATE = 16000
 FRAME = 1600 * 2  # 100 ms

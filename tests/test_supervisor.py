@@ -7,20 +7,26 @@ speech through ``lanegate stream``, and stops on SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import wave
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
+import redis
 from conftest import free_port
 from phrases import SENTENCE_RECALL, TRAFFIC, recall
 
-from lanegate.settings import Settings
+from lanegate.settings import Appendfsync, Settings, SettingsError
 from lanegate.supervisor import Child, Supervisor, build_children, cpu_split
 
 PY = sys.executable
@@ -111,16 +117,47 @@ def test_children_of_split_and_mixed(tmp_path: Path) -> None:
     assert [c.name for c in mixed] == ["gateway", "worker-mixed"]
 
 
+@pytest.mark.parametrize("mode", list(Appendfsync))
+def test_the_redis_child_fsyncs_as_the_setting_says(tmp_path: Path, mode: Appendfsync) -> None:
+    children, settings = build_children(Settings(data_dir=str(tmp_path),
+                                                 redis_appendfsync=mode.value))
+    redis_child = children[0]
+    assert redis_child.ready is not None
+    redis_child.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not redis_child.ready():
+            assert redis_child.running
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        client = redis.Redis.from_url(settings.redis_url)
+        assert client.config_get("appendfsync") == {"appendfsync": mode.value}
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        client.close()
+    finally:
+        redis_child.signal(signal.SIGTERM)
+        assert redis_child.proc is not None
+        redis_child.proc.wait(30)
+
+
+def test_appendfsync_defaults_to_everysec_and_refuses_other_values() -> None:
+    assert Settings().redis_appendfsync == Appendfsync.EVERYSEC
+    with pytest.raises(SettingsError, match="LANEGATE_REDIS_APPENDFSYNC"):
+        Settings(redis_appendfsync="sometimes")
+
+
 # --- lanegate up, for real -----------------------------------------------------------
 
 
 class Up:
-    def __init__(self, workdir: Path, port: int, *extra: str) -> None:
+    def __init__(self, workdir: Path, port: int, *extra: str,
+                 env_extra: dict[str, str] | None = None) -> None:
         self.workdir = workdir
         self.port = port
         self.out = workdir / "up.out"
         self.err = workdir / "up.err"
-        env = {**os.environ, "LANEGATE_SLOTS": "2", "LANEGATE_LOG_LEVEL": "info"}
+        env = {**os.environ, "LANEGATE_SLOTS": "2", "LANEGATE_LOG_LEVEL": "info",
+               "LANEGATE_ENGINE": "pocketsphinx", **(env_extra or {})}
         env.pop("LANEGATE_REDIS_URL", None)
         env.pop("PYTHONUNBUFFERED", None)  # the banner must be flushed by up itself
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
@@ -157,8 +194,8 @@ class Up:
 def up(tmp_path: Path) -> Iterator[Callable[..., Up]]:
     started: list[Up] = []
 
-    def start(*extra: str) -> Up:
-        u = Up(tmp_path, free_port(), *extra)
+    def start(*extra: str, **env_extra: str) -> Up:
+        u = Up(tmp_path, free_port(), *extra, env_extra=env_extra)
         started.append(u)
         return u
 
@@ -200,7 +237,7 @@ def test_up_serves_a_stream_pins_the_lanes_and_stops_on_sigterm(
     assert result.returncode == 0, result.stderr
     finals = [line.split("\r")[-1].strip() for line in stdout.split("\n")]
     assert recall(ONE, " ".join(finals)) >= SENTENCE_RECALL, stdout
-    assert "\r" in stdout  # partials are rewritten in place
+    assert "\r" not in stdout  # piped: one line per final (test_client_usage: on a terminal)
 
     assert u.stop() == 0
     for pid in kids.values():
@@ -260,3 +297,82 @@ def test_up_refuses_a_busy_port(tmp_path: Path) -> None:
         u = Up(tmp_path, busy.getsockname()[1])
         assert u.proc.wait(60) == 1
     assert "already in use" in u.err.read_text()
+
+
+# --- the supervisor dies --------------------------------------------------------------------
+
+#: the simulated engine at about 0.2 s per audio second: a 60 s job takes about 12 s
+SLOW_BATCH = {"LANEGATE_ENGINE": "simulated", "LANEGATE_SIM_PREFILL_FRAME_MS": "2.0",
+              "LANEGATE_MAX_WINDOW_S": "5", "LANEGATE_SOFT_CUT_SEARCH_S": "2",
+              "LANEGATE_BATCH_MAX_AUDIO_S": "5"}
+
+
+def long_wav(speech: Callable[..., Path], out: Path, seconds: float) -> Path:
+    with wave.open(str(speech(ONE))) as src:
+        frames = src.readframes(src.getnframes())
+    with wave.open(str(out), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(frames * int(seconds * 32000 // len(frames) + 1))
+    return out
+
+
+async def _submit_and_wait_until_processing(base: str, wav: bytes) -> str:
+    async with aiohttp.ClientSession(base_url=base) as http:
+        data = aiohttp.FormData()
+        data.add_field("file", wav, filename="long.wav", content_type="audio/wav")
+        async with http.post("/v1/transcriptions", data=data) as response:
+            assert response.status == 202, await response.text()
+            job_id = str((await response.json())["id"])
+        for _ in range(600):
+            async with http.get(f"/v1/transcriptions/{job_id}") as response:
+                job = await response.json()
+            if job["status"] == "processing" and job["progress"] > 0:
+                return job_id
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"the job never made progress: {job}")
+
+
+def test_a_sigkilled_up_stops_its_children_in_order_and_hands_the_job_back(
+    up: Callable[..., Up], speech: Callable[..., Path], tmp_path: Path
+) -> None:
+    u = up(**SLOW_BATCH)
+    u.wait_for("Ctrl-C stops everything.")
+    kids = u.children()
+    job_id = asyncio.run(_submit_and_wait_until_processing(
+        f"http://127.0.0.1:{u.port}", long_wav(speech, tmp_path / "long.wav", 60).read_bytes()))
+    u.proc.kill()
+    u.proc.wait(30)
+    deadline = time.monotonic() + 120
+    while any(Path(f"/proc/{pid}").exists() and not _is_zombie(pid) for pid in kids.values()):
+        assert time.monotonic() < deadline, "the children outlived their supervisor"
+        time.sleep(0.2)
+    # the job, as Redis wrote it to its AOF before it stopped
+    port = free_port()
+    data = tmp_path / "data" / "redis"
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                               "--dir", str(data), "--appendonly", "yes", "--save", ""],
+                              stdout=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port, decode_responses=True)
+        for _ in range(100):
+            with contextlib.suppress(redis.exceptions.ConnectionError):
+                if client.ping():
+                    break
+            time.sleep(0.05)
+        job = client.hgetall(f"lanegate:job:{job_id}")
+        assert (job["status"], job["attempts"]) == ("queued", "0"), \
+            "handed back by the stop: not charged an attempt"
+        client.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+    log = u.err.read_text(errors="replace")
+    stops = [json.loads(line)["child"] for line in log.splitlines()
+             if '"orphan_stop"' in line]
+    assert sorted(stops[:2]) == ["worker-batch", "worker-realtime"], stops
+    assert stops[2:] == ["gateway", "redis"], "the gateway after the workers, Redis last"
+    assert '"job_handed_back"' in log
+    assert '"job_hand_back_failed"' not in log
+    assert '"orphan_killed"' not in log, "every child stopped within stop_timeout_s"

@@ -39,6 +39,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "LANEGATE_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
         "LANEGATE_MAX_AUDIO_SECONDS": str(MAX_AUDIO_S),
         "LANEGATE_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "LANEGATE_WEBHOOK_ALLOW_PRIVATE": "true",  # the test receiver is on loopback
         "LANEGATE_MAX_SESSIONS_PER_KEY": "1",
         "LANEGATE_UPLOAD_RESERVE_SLOTS": "1",
     })
@@ -263,6 +264,11 @@ async def test_damaged_file_is_422_with_reason(http: aiohttp.ClientSession, shor
         ({"async": "maybe"}, "invalid_boolean"),
         ({"webhook_url": "ftp://example.com/hook"}, "invalid_webhook_url"),
         ({"webhook_url": "not a url"}, "invalid_webhook_url"),
+        # refused even with webhook_allow_private (the stack's setting)
+        ({"webhook_url": "http://169.254.169.254/latest/meta-data/"}, "invalid_webhook_url"),
+        ({"webhook_url": "http://[::ffff:a9fe:a9fe]/"}, "invalid_webhook_url"),
+        ({"webhook_url": "http://0.0.0.0:8080/hook"}, "invalid_webhook_url"),
+        ({"webhook_url": "http://224.0.0.251/hook"}, "invalid_webhook_url"),
         ({"format": "srt"}, "unknown_field"),
     ],
 )
@@ -271,6 +277,15 @@ async def test_bad_fields_are_400(fields: dict[str, str], code: str,
     async with http.post("/v1/transcriptions", data=form(short_wav, **fields)) as resp:
         assert resp.status == 400
         assert (await error_of(resp))["code"] == code
+
+
+@pytest.mark.parametrize(("language", "kept"), [("en_US", "en-us"), ("en-US", "en-us")])
+async def test_region_tags_are_accepted_in_either_spelling(
+    language: str, kept: str, http: aiohttp.ClientSession, short_wav: Path
+) -> None:
+    status, _, body = await post(http, form(short_wav, language=language))
+    assert status == 200, body
+    assert json.loads(body)["language"] == kept
 
 
 async def test_missing_file_and_bad_content_type(http: aiohttp.ClientSession) -> None:
@@ -472,8 +487,10 @@ async def test_webhook_url_makes_a_job_and_is_called(http: aiohttp.ClientSession
     finally:
         await runner.cleanup()
     assert json.loads(payload) == {"id": job["id"], "status": "completed"}
-    digest = hmac.new(WEBHOOK_SECRET.encode(), payload, hashlib.sha256).hexdigest()
-    assert hook_headers["X-Lanegate-Signature"] == f"sha256={digest}"
+    timestamp = hook_headers["X-Lanegate-Signature"].split(",")[0].removeprefix("t=")
+    digest = hmac.new(WEBHOOK_SECRET.encode(), f"{timestamp}.".encode() + payload,
+                      hashlib.sha256).hexdigest()
+    assert hook_headers["X-Lanegate-Signature"] == f"t={timestamp},v1={digest}"
 
 
 async def test_client_gone_mid_upload_leaves_nothing(http: aiohttp.ClientSession,

@@ -38,10 +38,12 @@ RATE = 16000
 
 
 def run_chunked(pcm: bytes, vs: VadSettings, chunk_samples: Sequence[int]) -> list[VadEvent]:
-    """Feed ``pcm`` in the given chunk sizes (cycled); check earliest_needed on the way."""
+    """Feed ``pcm`` in the given chunk sizes (cycled); check earliest_needed and settled
+    on the way: no later event starts before the first, no later endpoint cut ends
+    before the second, which never passes the audio pushed."""
     seg = StreamingSegmenter(vs)
     events: list[VadEvent] = []
-    floors: list[tuple[int, int]] = []  # (events seen so far, earliest_needed then)
+    floors: list[tuple[int, int, int]] = []  # (events seen, earliest_needed, settled)
     off, i = 0, 0
     while off < len(pcm):
         n = 2 * max(1, chunk_samples[i % len(chunk_samples)])
@@ -49,11 +51,14 @@ def run_chunked(pcm: bytes, vs: VadSettings, chunk_samples: Sequence[int]) -> li
         off += n
         i += 1
         assert seg.position == min(off, len(pcm)) // 2
-        floors.append((len(events), seg.earliest_needed))
+        assert seg.settled <= seg.position
+        floors.append((len(events), seg.earliest_needed, seg.settled))
     events += seg.flush()
-    for seen, floor in floors:
+    for seen, floor, settled in floors:
         for e in events[seen:]:
             assert e.start >= floor, (e, floor)
+            if isinstance(e, SegmentEnded) and e.reason == "endpoint":
+                assert e.end > settled, (e, settled)
     return events
 
 
@@ -507,3 +512,22 @@ def test_vad_settings_come_from_the_service_settings() -> None:
     vs = VadSettings.from_settings(s, sample_rate=8000)
     assert (vs.aggressiveness, vs.max_window_s, vs.pad_ms, vs.sample_rate) == (3, 12.0, 100, 8000)
     assert vs.endpoint_silence_ms == s.endpoint_silence_ms
+
+
+def test_a_cut_ends_the_open_segment_and_the_segmenter_listens_on(
+        paused_sentences: Speech) -> None:
+    """A commit in the middle of the first sentence: that segment ends there (reason
+    "commit"), the rest of the sentence opens a new one, the later ones are unchanged."""
+    x = paused_sentences.pcm.tobytes()
+    start, end = paused_sentences.spans[0]
+    middle = (start + end) // 2
+    seg = StreamingSegmenter(VadSettings())
+    events = seg.push(x[: middle * 2])
+    events += seg.cut()
+    assert seg.cut() == []  # nothing open any more
+    events += seg.push(x[middle * 2:]) + seg.flush()
+    segs = segments_of(events)
+    assert segs[0].reason == "commit"
+    assert segs[0].end <= middle < segs[1].start + VadSettings().frame_ms * RATE // 1000
+    whole = segment_pcm(x, VadSettings())
+    assert segs[2:] == whole[1:]

@@ -1,0 +1,268 @@
+"""The status page: the percentile and window arithmetic, the split verdict's sentence,
+and the page for real: ``lanegate up --lanes mixed`` (simulated engine, whose long
+upload decode really holds the loop), live streams with and without a long upload,
+``/status.json`` and ``/status`` in headless Chromium (Debian's ``/usr/bin/chromium``
+driven by Playwright), with a screenshot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import free_port
+from phrases import LONG, RAIN
+from stack import REPO
+
+from gateway.status import verdict
+from gateway.status_sources import Sample, quantile, window
+
+PY = sys.executable
+CHROMIUM = "/usr/bin/chromium"
+INF = math.inf
+
+
+# --- arithmetic -------------------------------------------------------------------------
+def test_quantile_interpolates_like_prometheus() -> None:
+    buckets = ((0.1, 50.0), (0.3, 90.0), (1.0, 100.0), (INF, 100.0))
+    assert quantile(buckets, 0.5) == pytest.approx(0.1)
+    assert quantile(buckets, 0.7) == pytest.approx(0.2)
+    assert quantile(buckets, 0.99) == pytest.approx(0.3 + 0.7 * 0.9)
+    assert quantile(((0.1, 0.0), (INF, 5.0)), 0.99) == pytest.approx(0.1)  # in +Inf
+    assert quantile(((0.1, 0.0), (INF, 0.0)), 0.5) is None
+
+
+def test_a_window_is_the_difference_of_two_samples_summed_per_lane() -> None:
+    key_a = ("lanegate_step_duration_seconds", "mixed", "w1")
+    key_b = ("lanegate_step_duration_seconds", "mixed", "w2")
+    prefill = ("lanegate_long_prefill_seconds", "mixed", "w1")
+    old = Sample(t=100.0, histograms={key_a: ((0.05, 10.0), (INF, 10.0))},
+                 counters={prefill: 4.0})
+    new = Sample(t=110.0, histograms={key_a: ((0.05, 10.0), (INF, 14.0)),
+                                      key_b: ((0.05, 3.0), (INF, 3.0))},
+                 counters={prefill: 9.0})
+    win = window(new, old, started=0.0)
+    assert win.seconds == 10.0
+    assert win.histograms[("lanegate_step_duration_seconds", "mixed")] == (
+        (0.05, 3.0), (INF, 7.0))
+    assert win.share("lanegate_long_prefill_seconds", "mixed") == pytest.approx(0.5)
+    # a restarted worker's counts went down: its new counts are the window's
+    restarted = Sample(t=120.0, histograms={key_a: ((0.05, 1.0), (INF, 1.0))},
+                       counters={prefill: 1.0})
+    again = window(restarted, new, started=0.0)
+    assert again.count("lanegate_step_duration_seconds", "mixed") == 1
+    assert again.share("lanegate_long_prefill_seconds", "mixed") == pytest.approx(0.1)
+
+
+def mixed_lane(share: float, stall_p99: float | None, stalls: int = 10,
+               partial_p99: float | None = 40.0) -> dict[str, Any]:
+    return {"mixed": {"partial_latency_ms": {"p99": partial_p99}, "long_prefill_share": share,
+                      "live_stall_ms": {"p99": stall_p99, "count": stalls}}}
+
+
+def test_the_verdict_follows_the_design_rule() -> None:
+    gain = verdict("mixed", mixed_lane(0.6, 2100.0), 300.0, 30.0)
+    assert gain.gain is True
+    assert gain.sentence == (
+        "Live streams waited 2.10 s (p99) behind long uploads, over the 300 ms line, while "
+        "those took 60% of the mixed worker's time in the last 30 s: this traffic would "
+        "gain from the split (lanes=split).")
+    calm = verdict("mixed", mixed_lane(0.2, 120.0), 300.0, 30.0)
+    assert calm.gain is False
+    assert "under the 300 ms line" in calm.sentence
+    assert "does not need the split yet" in calm.sentence
+    idle = verdict("mixed", mixed_lane(0.0, None, stalls=0, partial_p99=900.0), 300.0, 30.0)
+    assert idle.gain is False  # slow, but not because of uploads
+    assert idle.sentence.startswith("No long upload ran in the last 30 s (live partial p99 900")
+    nobody = verdict("mixed", mixed_lane(0.4, None, stalls=0), 300.0, 30.0)
+    assert nobody.gain is None
+    assert "no live stream was open" in nobody.sentence
+    split = verdict("split", {"realtime": {"partial_latency_ms": {"p99": 80.0}}}, 300.0, 30.0)
+    assert split.gain is None
+    assert split.sentence.startswith("The lanes are split")
+    assert "80 ms" in split.sentence
+
+
+# --- the page, for real -----------------------------------------------------------------
+class Up:
+    """``lanegate up`` as a subprocess."""
+
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.out, self.err = workdir / "up.out", workdir / "up.err"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [PY, "-m", "lanegate.cli", "up", "--port", str(self.port),
+                 "--data-dir", str(workdir / "data"), *args],
+                stdout=out, stderr=err, env=env, cwd=REPO)
+        deadline = time.monotonic() + 120
+        while "Ctrl-C stops everything." not in self.out.read_text():
+            assert self.proc.poll() is None, self.err.read_text()[-3000:]
+            assert time.monotonic() < deadline, self.err.read_text()[-3000:]
+            time.sleep(0.2)
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/status.json", timeout=10) as resp:
+            data: dict[str, Any] = json.load(resp)
+            return data
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+#: the simulated engine's cost per 10 ms audio frame: a 42 s upload decoded in one
+#: piece holds a mixed worker's loop for about 4 s (even a 5 s segment alone 0.5 s),
+#: a 100 ms live chunk costs 10 ms
+PREFILL_FRAME_MS = "1.0"
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANEGATE_")}
+    env.update(LANEGATE_ENGINE="simulated", LANEGATE_SIM_PREFILL_FRAME_MS=PREFILL_FRAME_MS,
+               LANEGATE_SLOTS="4", LANEGATE_STATUS_SAMPLE_S="1",
+               LANEGATE_STATUS_WINDOW_S="120")
+    up = Up(tmp_path_factory.mktemp("status-mixed"), "--lanes", "mixed", env=env)
+    yield up
+    up.stop()
+
+
+def stream(up: Up, wav: Path, speed: float = 1.0) -> subprocess.Popen[str]:
+    """A live stream at real-time pace x ``speed`` (the stream client, as a user runs it)."""
+    return subprocess.Popen([PY, "-m", "lanegate.cli", "stream", str(wav), "--url", up.url,
+                             "--speed", str(speed)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO)
+
+
+def upload_async(up: Up, wav: Path) -> str:
+    request = urllib.request.Request(f"{up.url}/v1/transcriptions?async=true",
+                                     data=wav.read_bytes(), method="POST",
+                                     headers={"Content-Type": "audio/wav"})
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        return str(json.load(resp)["id"])
+
+
+def wait_job(up: Up, job_id: str, timeout_s: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(f"{up.url}/v1/transcriptions/{job_id}", timeout=10) as r:
+            job: dict[str, Any] = json.load(r)
+        if job["status"] in ("completed", "failed", "cancelled"):
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.5)
+
+
+def wait_live_session(up: Up, timeout_s: float = 60) -> None:
+    """Until the registry shows a session open on the mixed worker."""
+    deadline = time.monotonic() + timeout_s
+    while up.status()["lanes"].get("mixed", {}).get("active_sessions", 0) < 1:
+        assert time.monotonic() < deadline, "the live stream never opened"
+        time.sleep(0.3)
+
+
+def finish(proc: subprocess.Popen[str]) -> None:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.strip(), "the stream got finals"
+
+
+def fresh_status(up: Up) -> dict[str, Any]:
+    time.sleep(1.2)  # past status_sample_s: a new sample, not the cached one
+    return up.status()
+
+
+@pytest.fixture
+def status_page(mixed: Up) -> Iterator[Any]:
+    """``/status`` open in headless Chromium, polling on its own while the test runs."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} missing (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(mixed.url + "/status")
+            page.wait_for_selector("body[data-updated]", timeout=30_000)
+            yield page
+            assert errors == []
+        finally:
+            browser.close()
+
+
+def test_a_mixed_pool_is_told_whether_the_split_would_help(
+        mixed: Up, status_page: Any, speech: Callable[..., Path], tmp_path: Path) -> None:
+    # live streams alone: no long upload, so nothing says the split is needed
+    finish(stream(mixed, speech(RAIN)))
+    alone = fresh_status(mixed)
+    assert alone["design"] == "mixed"
+    lane = alone["lanes"]["mixed"]
+    assert lane["partial_latency_ms"]["count"] > 0
+    assert lane["long_prefill_share"] == 0
+    assert alone["split"]["gain"] is False
+    assert alone["split"]["sentence"].startswith("No long upload ran")
+    status_page.wait_for_selector('#verdict[data-gain="false"]', timeout=30_000)
+    assert "No long upload ran" in status_page.inner_text("#verdict")
+
+    # a live stream (about 21 s: open for as long as the job takes) while a long upload
+    # is decoded in the same loop
+    live = stream(mixed, speech(LONG), speed=2.0)
+    wait_live_session(mixed)
+    job = wait_job(mixed, upload_async(mixed, speech(LONG)))
+    assert job["status"] == "completed", job
+    finish(live)
+    loaded = fresh_status(mixed)
+    lane = loaded["lanes"]["mixed"]
+    assert lane["long_prefill_share"] > 0
+    assert lane["live_stall_ms"]["count"] >= 1
+    assert lane["live_stall_ms"]["p99"] > loaded["red_line_ms"], lane
+    assert loaded["split"]["gain"] is True
+    assert "this traffic would gain from the split" in loaded["split"]["sentence"]
+    assert len(loaded["history"]) >= 2, "samples for the charts"
+
+    with urllib.request.urlopen(mixed.url + "/metrics", timeout=10) as resp:
+        exposition = resp.read().decode()
+    assert exposition.index("lanegate_") < exposition.index("python_")
+    check_page(status_page, tmp_path)
+
+
+def check_page(page: Any, tmp_path: Path) -> None:
+    page.wait_for_selector('#verdict[data-gain="true"]', timeout=30_000)
+    # the figures move with the window; the judgement does not
+    assert "this traffic would gain from the split" in page.inner_text("#verdict")
+    card = page.locator('section[data-lane="mixed"]')
+    assert card.count() == 1
+    for title in ("partial latency", "step duration", "sessions and free slots",
+                  "live stall behind long prefills", "share of wall time in long prefills"):
+        chart = card.locator(f'svg[data-chart="{title}"]')
+        assert chart.count() == 1, title
+        assert chart.locator("path").count() >= 1, f"{title}: no line drawn"
+    queue = page.locator('section[data-lane="queue"]')
+    assert queue.locator('svg[data-chart="queue depth"] path').count() == 1
+    assert page.locator('a[href="/"]').count() == 1
+    shot = tmp_path / "status.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    target = os.environ.get("LANEGATE_STATUS_SCREENSHOT")
+    if target:
+        shutil.copy(shot, target)

@@ -1,0 +1,230 @@
+"""The Whisper engine with the real bundled base model (loaded once per test session):
+streaming partials and finals, language detection, silence and noise, batched
+decoding, and the model's digest check."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import read_pcm, synthesize
+from phrases import FRIENDLY, SENTENCE_RECALL, TRAFFIC, recall
+
+from engines import DecodeOptions, NoFreeSlot, models
+from engines.whisper import Decoded, WhisperEngine, WhisperStream, drop_repeats
+from lanegate.settings import Settings
+from lanegate.transcript import Word
+from vad import segment_pcm
+
+REPO = Path(__file__).resolve().parent.parent
+SPANISH = "mañana vamos a la playa con nuestros amigos"
+CHUNK = 6400  # 200 ms
+
+
+def chunks(pcm: bytes, size: int = CHUNK) -> list[bytes]:
+    return [pcm[i : i + size] for i in range(0, len(pcm), size)]
+
+
+def test_a_streamed_sentence_gets_growing_partials_and_a_timed_final(
+        whisper: WhisperEngine, speech: Callable[..., Path]) -> None:
+    pcm, _ = read_pcm(speech(TRAFFIC))
+    pcm += bytes(16000)  # the trailing silence an endpoint would include
+    stream = whisper.open_stream(DecodeOptions(language="en"))
+    partials = [whisper.step([(stream, c)])[0].text for c in chunks(pcm, 12800)]
+    final = stream.finish()
+    stream.close()
+    shown = [p for p in partials if p]
+    assert shown, "partials appear while the audio arrives"
+    for before, after in itertools.pairwise(shown):
+        assert after.startswith(before), f"partial text never takes a word back: {shown}"
+    assert recall(TRAFFIC, final.text) >= 0.9, final.text
+    assert final.text.startswith(shown[-1])
+    assert final.language == "en"
+    assert [w.word for w in final.words] == final.text.split()
+    duration = len(pcm) / 32000
+    for a, b in zip(final.words, final.words[1:], strict=False):
+        assert 0 <= a.start <= a.end <= b.start + 1e-6
+    assert final.words[-1].end <= duration
+
+
+def test_one_step_decodes_several_sessions_in_one_call(
+        whisper: WhisperEngine, speech: Callable[..., Path]) -> None:
+    one, _ = read_pcm(speech(TRAFFIC))
+    two, _ = read_pcm(speech(FRIENDLY))
+    a, b = whisper.open_stream(), whisper.open_stream()
+    whisper.step([(a, one + bytes(16000)), (b, two + bytes(16000))])
+    profile = whisper.last_profile()
+    fa, fb = a.finish(), b.finish()
+    a.close()
+    b.close()
+    assert profile is not None
+    assert profile.seqs == 2
+    assert recall(TRAFFIC, fa.text) >= 0.9, fa
+    assert recall(FRIENDLY, fb.text) >= 0.9, fb
+
+
+def test_spanish_is_detected_without_a_language(
+        whisper: WhisperEngine, tmp_path: Path) -> None:
+    pcm, _ = read_pcm(synthesize(SPANISH, tmp_path / "es.wav", voice="es"))
+    batch = whisper.transcribe_batch([pcm])[0]
+    assert batch.language == "es"
+    assert recall(SPANISH, batch.text.lower()) >= 0.6, batch.text
+    stream = whisper.open_stream()
+    for c in chunks(pcm + bytes(16000), 16000):
+        whisper.step([(stream, c)])
+    final = stream.finish()
+    stream.close()
+    assert final.language == "es", final
+
+
+def test_a_given_language_is_used(whisper: WhisperEngine, tmp_path: Path) -> None:
+    pcm, _ = read_pcm(synthesize(SPANISH, tmp_path / "es.wav", voice="es"))
+    hyp = whisper.transcribe_batch([pcm], DecodeOptions(language="en"))[0]
+    assert hyp.language == "en"
+    with pytest.raises(ValueError, match="klingon"):
+        whisper.open_stream(DecodeOptions(language="klingon"))
+
+
+def test_silence_and_brown_noise_give_no_text(whisper: WhisperEngine, tmp_path: Path) -> None:
+    noise = tmp_path / "noise.wav"
+    subprocess.run(["sox", "-n", "-r", "16000", "-c", "1", "-b", "16", str(noise),
+                    "synth", "60", "brownnoise"], check=True)
+    pcm, _ = read_pcm(noise)
+    segments = [pcm[s.start * 2 : s.end * 2] for s in segment_pcm(pcm)]
+    assert segments, "webrtcvad takes brown noise for speech: Whisper must reject it"
+    assert [h.text for h in whisper.transcribe_batch(segments)] == [""] * len(segments)
+    stream = whisper.open_stream()
+    texts = [whisper.step([(stream, c)])[0].text for c in chunks(bytes(64000), 16000)]
+    assert stream.finish().text == ""
+    assert texts == [""] * len(texts)
+    stream.close()
+
+
+def test_batch_keeps_order_and_word_timings(
+        whisper: WhisperEngine, speech: Callable[..., Path]) -> None:
+    one, _ = read_pcm(speech(TRAFFIC))
+    two, _ = read_pcm(speech(FRIENDLY))
+    hyps = whisper.transcribe_batch([two + one, one, bytes(32000)])
+    assert recall(TRAFFIC + " " + FRIENDLY, hyps[0].text) >= 0.9, hyps[0].text
+    assert recall(TRAFFIC, hyps[1].text) >= SENTENCE_RECALL
+    assert hyps[2].text == ""
+    assert hyps[0].words[-1].end > len(two) / 32000  # the second sentence is timed after it
+
+
+def test_the_slots_are_a_fixed_pool(whisper: WhisperEngine) -> None:
+    free = whisper.slots_free()
+    streams = [whisper.open_stream() for _ in range(free)]
+    with pytest.raises(NoFreeSlot, match="slots are in use"):
+        whisper.open_stream()
+    for s in streams:
+        s.close()
+    assert whisper.slots_free() == free
+
+
+# --- the bundled model -------------------------------------------------------------
+
+def test_the_model_is_assembled_verified_and_reused(whisper_data: Path) -> None:
+    path = models.resolve("base", str(whisper_data))
+    assert models.sha256_of(path / "model.bin") == models.BUNDLED["base"].sha256
+    assert {p.name for p in path.iterdir()} == {"model.bin", *models.SIDE_FILES}
+    assert models.resolve("base", str(whisper_data)) == path
+
+
+def test_a_corrupted_model_is_refused_at_start(tmp_path: Path) -> None:
+    path = models.resolve("base", str(tmp_path))
+    with open(path / "model.bin", "r+b") as f:
+        f.seek(1000)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(models.ModelError, match="sha256"):
+        WhisperEngine(Settings(data_dir=str(tmp_path)), slots=1)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "lanegate.cli", "worker", "--lane", "realtime",
+         "--engine", "whisper", "--data-dir", str(tmp_path),
+         "--redis-url", "redis://127.0.0.1:1/0"],
+        capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "sha256" in done.stderr
+    assert "corrupt" in done.stderr
+    listed = lanegate_models(tmp_path)
+    assert listed.returncode == 1
+    assert listed.stdout.startswith("base\tBAD")
+
+
+def lanegate_models(data: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lanegate.cli", "models", "--data-dir", str(data)],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_lanegate_models_lists_verifies_and_locates(whisper_data: Path) -> None:
+    listed = lanegate_models(whisper_data)
+    assert listed.returncode == 0, listed.stderr
+    name, state, digest, path = listed.stdout.splitlines()[0].split("\t")
+    assert (name, state, digest) == ("base", "ok", "sha256 " + models.BUNDLED["base"].sha256)
+    assert Path(path) == models.cache_dir(models.BUNDLED["base"], str(whisper_data))
+
+
+def test_a_model_path_without_a_model_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(models.ModelError, match="neither a bundled model"):
+        models.resolve(str(tmp_path), str(tmp_path))
+
+
+def test_a_prompt_steers_but_is_not_transcribed(
+        whisper: WhisperEngine, speech: Callable[..., Path]) -> None:
+    pcm, _ = read_pcm(speech(TRAFFIC))
+    prompt = "Morning traffic report from the motorway control room."
+    hyp = whisper.transcribe_batch([pcm], DecodeOptions(language="en", prompt=prompt))[0]
+    assert recall(TRAFFIC, hyp.text) >= 0.9, hyp.text
+    assert "control room" not in hyp.text.lower()
+
+
+def test_a_repeat_with_no_audio_left_for_it_is_dropped_and_a_real_one_kept() -> None:
+    eot, ts = 50257, 50364  # <|endoftext|>, <|0.00|>; timestamps are 20 ms apart
+    at = {s: ts + int(s / 0.02) for s in (2.0, 2.6, 4.6, 5.0)}
+    vocab = {1: "We", 2: "have", 3: "work.", 11: "we", 12: "ha"}
+
+    def words_of(tokens: list[int]) -> list[str]:
+        return [vocab[t] for t in tokens]
+
+    # 2.64 s of audio: the sentence again at 2.0 s (cut short, other case) has no room
+    assert drop_repeats([ts, 1, 2, 3, at[2.0], at[2.0], 11, 12, eot], eot, ts, 2.64,
+                        words_of) == [1, 2, 3]
+    # 5.3 s of audio: said twice, the second time with room for it
+    assert drop_repeats([ts, 1, 2, 3, at[2.6], at[2.6], 1, 2, 3, at[5.0]], eot, ts, 5.3,
+                        words_of) == [1, 2, 3, 1, 2, 3]
+    assert drop_repeats([ts, 1, 2, at[2.0], at[2.0], 3, at[4.6]], eot, ts, 2.5,
+                        words_of) == [1, 2, 3]
+    assert drop_repeats([1, 2, 3], eot, ts, 1.0, words_of) == [1, 2, 3]
+
+
+def test_a_doubtful_final_decode_keeps_the_words_two_decodes_agreed_on(
+        whisper: WhisperEngine) -> None:
+    """The final decode is fresh (no committed prefix); if the model doubts it (no-speech,
+    a low log-probability), the final says the words the partials already showed, not
+    nothing. Noise has no agreed words, so it still gives no text."""
+    stream = whisper.open_stream()
+    assert isinstance(stream, WhisperStream)
+    try:
+        stream.append(bytes(3 * 16000 * 2))  # 3 s: both words are behind the horizon
+        words = [Word("Hello", 0.2, 0.5), Word("big", 0.6, 0.8), Word("world.", 0.9, 1.3)]
+        heard = Decoded([1, 2, 3], words, [[1], [2], [3]], "en", no_speech=False)
+        stream.take(heard)
+        stream.take(heard)  # two decodes agree: all but the last word are committed
+        assert stream.partial.text == "Hello big"
+        stream.last_chunk()
+        stream.take(Decoded([], [], [], "en", no_speech=True))
+        assert stream.hyp.text == "Hello big"
+        assert stream.partial.text == ""  # no partial after the final's decode
+        assert stream.finish().text == "Hello big"
+        stream.append(bytes(3 * 16000 * 2))  # the next segment: nothing agreed on
+        stream.last_chunk()
+        stream.take(Decoded([], [], [], "en", no_speech=True))
+        assert stream.finish().text == ""
+    finally:
+        stream.close()
