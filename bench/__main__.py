@@ -2,6 +2,12 @@
 
 ``python -m bench report bench/results/results.json`` re-renders BENCHMARKS.md
 and the plots from a results file without running anything.
+
+``python -m bench soak --duration-s 3600``: the soak (``bench.soak``), memory over an hour.
+
+``python -m bench whisper --parts all --out bench/results/whisper``: the Whisper benchmark
+(``bench.whisper_bench``); ``python -m bench whisper-report .../whisper.json`` puts its
+BENCHMARKS.md section back after ``report`` rewrote the file.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ import os
 import sys
 from pathlib import Path
 
-from bench import plots, report
+from bench import plots, report, sections, soak, whisper_bench, whisper_report
 from bench.run import ALL_SCENARIOS, Options, run
+from bench.whisper_bench import PARTS as WHISPER_PARTS
+from bench.whisper_bench import WhisperOptions
 
 NOTES_FILE = "notes.md"  # hand-written findings in the results directory, appended
 
@@ -28,6 +36,23 @@ def parse_scenarios(raw: str) -> tuple[str, ...]:
     return wanted
 
 
+def parse_loads(raw: str) -> tuple[int, ...]:
+    try:
+        loads = tuple(int(s) for s in raw.split(",") if s.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a comma list of stream counts: {raw}") from exc
+    if not loads or min(loads) <= 0:
+        raise argparse.ArgumentTypeError(f"stream counts must be positive: {raw}")
+    return loads
+
+
+def positive_int(raw: str) -> int:
+    n = int(raw)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {raw}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench")
     sub = p.add_subparsers(dest="command", required=True)
@@ -38,20 +63,96 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, default=d.out)
     r.add_argument("--workdir", type=Path, default=d.workdir)
     r.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
+    r.add_argument("--rounds", type=positive_int, default=d.rounds,
+                   help="rounds of every design; verdicts on the median of the rounds")
+    r.add_argument("--unstable-margin", type=float, default=d.unstable_margin,
+                   help="share of a limit within which disagreeing rounds are 'unstable'")
     for name in ("duration_s", "flood_job_s", "dump_s", "dump_every_s", "sim_duration_s",
                  "sim_dump_s", "scale_duration_s", "vad_seconds"):
         r.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
-    for name in ("streams", "flood_jobs", "sim_streams", "scale_streams",
-                 "scale_mid_streams", "scale_light_streams"):
+    for name in ("streams", "flood_jobs", "sim_streams", "scale_target_streams"):
         r.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    r.add_argument("--scale-streams", type=parse_loads, default=d.scale_streams,
+                   help="comma list of gateway loads (streams), e.g. 100,200,500")
     r.add_argument("--rt-cpus", default=d.rt_cpus)
     r.add_argument("--batch-cpus", default=d.batch_cpus)
     r.add_argument("--wav", type=Path, default=None,
                    help="speech for the live streams instead of espeak-ng sentences")
+    add_whisper_parsers(sub)
+    add_soak_parser(sub)
     rep = sub.add_parser("report", help="re-render BENCHMARKS.md and plots from results.json")
     rep.add_argument("results", type=Path)
     rep.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
     return p
+
+
+def add_whisper_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    w = sub.add_parser("whisper", help="the Whisper benchmark: accuracy, realtime, the peer")
+    d = WhisperOptions()
+    w.add_argument("--parts", type=whisper_parts, default=d.parts,
+                   help=f"all, or a comma list of {','.join(WHISPER_PARTS)}")
+    w.add_argument("--models", type=lambda s: tuple(s.split(",")), default=d.models,
+                   help="Whisper models of the accuracy table (bundled names or directories)")
+    for name in ("out", "workdir", "peer_venv"):
+        w.add_argument("--" + name.replace("_", "-"), type=Path, default=getattr(d, name))
+    for name in ("stream_pace", "live_s", "flood_job_s", "capacity_s", "dump_s",
+                 "peer_tail_s"):
+        w.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    for name in ("per_condition", "streams", "flood_jobs", "rounds", "capacity_max"):
+        w.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    w.add_argument("--rt-cpus", default=d.rt_cpus)
+    w.add_argument("--batch-cpus", default=d.batch_cpus)
+    w.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
+    wr = sub.add_parser("whisper-report", help="put the Whisper section back from whisper.json")
+    wr.add_argument("results", type=Path)
+    wr.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
+
+
+def add_soak_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = sub.add_parser("soak", help="sessions opening and closing for an hour; RSS sampled")
+    d = soak.SoakOptions()
+    for name in ("out", "workdir"):
+        s.add_argument("--" + name, type=Path, default=getattr(d, name))
+    s.add_argument("--engine", default=d.engine, help="the workers' engine")
+    for name in ("duration_s", "warmup_s", "judge_window_s", "every_s", "session_s",
+                 "upload_every_s", "upload_s", "sample_every_s", "limit"):
+        s.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    s.add_argument("--rt-cpus", default=d.rt_cpus)
+    s.add_argument("--batch-cpus", default=d.batch_cpus)
+    s.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
+
+
+def soak_main(args: argparse.Namespace) -> int:
+    fields = {k: v for k, v in vars(args).items() if k not in ("command", "markdown")}
+    doc = soak.run(soak.SoakOptions(**fields), args.markdown)
+    m = doc["memory"]
+    print(f"wrote {args.markdown}; soak memory: {m['verdict']} "
+          f"(worst growth {m.get('worst_growth')}); errors {doc['session_errors']}")
+    return 0 if m["verdict"] == "met" else 1
+
+
+def whisper_parts(raw: str) -> tuple[str, ...]:
+    if raw == "all":
+        return WHISPER_PARTS
+    wanted = tuple(s.strip() for s in raw.split(",") if s.strip())
+    unknown = set(wanted) - set(WHISPER_PARTS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown parts: {sorted(unknown)}")
+    return wanted
+
+
+def whisper_main(args: argparse.Namespace) -> int:
+    if args.command == "whisper-report":
+        doc = json.loads(args.results.read_text())
+        doc["verdicts"] = whisper_report.verdicts(doc)
+    else:
+        fields = {k: v for k, v in vars(args).items() if k not in ("command", "markdown")}
+        doc = whisper_bench.run(WhisperOptions(**fields))
+    whisper_report.write_section(doc, args.markdown)
+    print(f"wrote {args.markdown}")
+    for key, v in doc["verdicts"].items():
+        print(f"{key}: {v['verdict']} {v.get('check', '')} {v.get('median', '')}")
+    return 0
 
 
 def render(doc: dict[str, object], results_dir: Path, markdown_path: Path) -> None:
@@ -60,14 +161,20 @@ def render(doc: dict[str, object], results_dir: Path, markdown_path: Path) -> No
     for path in plots.make_all(doc, results_dir):
         print(f"wrote {path}")
     rel = os.path.relpath(results_dir.resolve(), markdown_path.resolve().parent)
-    markdown_path.write_text(report.markdown(doc, notes, rel))
+    old = markdown_path.read_text() if markdown_path.exists() else ""
+    markdown_path.write_text(report.markdown(doc, notes, rel) + sections.kept(old))
     print(f"wrote {markdown_path}")
+    print(f"for the README: {report.readme_summary(doc)}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("whisper", "whisper-report"):
+        return whisper_main(args)
+    if args.command == "soak":
+        return soak_main(args)
     if args.command == "report":
-        doc = json.loads(args.results.read_text())
+        doc = report.upgrade(json.loads(args.results.read_text()))
         doc["verdicts"] = report.verdicts(doc)  # judged by today's rules
         render(doc, args.results.parent, args.markdown)
         return 0
@@ -75,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     doc = run(Options(**fields))
     render(doc, args.out, args.markdown)
     for key, v in doc["verdicts"].items():
-        print(f"{key}: {'MET' if v['met'] else 'MISSED' if v['met'] is False else '-'} {v}")
+        checks = "; ".join(f"{c['check']} {c.get('median', '')} {c['verdict']}"
+                           for c in v["checks"])
+        print(f"{key}: {v['verdict'].upper()}: {checks}")
     return 0
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 from pocketsphinx import Decoder
 
 from bench.audio import RATE, read_wav
+from engines.pocketsphinx import decoder_config
 from lanegate.settings import Settings
 from vad.segmenter import segment_pcm
 from vad.settings import VadSettings
-from workers.engines.pocketsphinx import decoder_config
 
 
 def decode(decoder: Decoder, pcm: bytes) -> int:

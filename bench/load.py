@@ -52,9 +52,12 @@ class StreamResult:
     first_partial_ms: list[float] = field(default_factory=list)
     final_ms: list[float] = field(default_factory=list)
     final_words: int = 0
+    final_text: list[str] = field(default_factory=list)  # each final's text, in order
     finals_without_audio_end: int = 0
     audio_s_sent: float = 0.0
     dump_done_s: list[float] = field(default_factory=list)  # dump sent -> its text caught up
+    frames_sent: int = 0  # WebSocket messages this client sent (audio and control)
+    events_received: int = 0  # messages it received (the first, `ready`, included)
 
 
 class Session:
@@ -82,6 +85,7 @@ class Session:
         if self.first_sent is None:
             self.first_sent = now
         assert self.ws is not None
+        self.result.frames_sent += 1
         await self.ws.send_bytes(pcm)
         self.result.audio_s_sent += len(pcm) / (RATE * 2)
 
@@ -123,6 +127,7 @@ class Session:
 
     def _on_final(self, msg: dict[str, Any], now: float) -> None:
         self.result.final_words += len(str(msg.get("text", "")).split())
+        self.result.final_text.append(str(msg.get("text", "")))
         if "audio_end_ms" not in msg:
             self.result.finals_without_audio_end += 1
             return
@@ -135,6 +140,7 @@ class Session:
         if opcode != OP_TEXT:
             return
         now = time.perf_counter()
+        self.result.events_received += 1
         msg = json.loads(payload)
         if not self.first.done():
             self.first.set_result(msg)
@@ -182,6 +188,7 @@ async def open_session(spec: StreamSpec, result: StreamResult, t0: float) -> Ses
 
 async def finish(session: Session, wait_s: float = 60.0) -> None:
     assert session.ws is not None
+    session.result.frames_sent += 1
     await session.ws.send_str(json.dumps({"type": "end"}))
     try:
         await asyncio.wait_for(session.done.wait(), wait_s)

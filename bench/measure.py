@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,18 @@ import aiohttp
 import numpy as np
 
 from bench.load import StreamSpec
+from bench.machine import PerfCounter, proc_stat
 from bench.stack import Stack
 from bench.stats import Histogram, merge, parse_histograms, summary
 
 STREAMS_PER_LOAD_PROCESS = 128
+#: the steady part of a window (every live stream sending) starts this long after the
+#: last stream's start (its connect and admission done) and ends this long before the
+#: first stream's end (before its ``end``, last finals and close)
+STEADY_AFTER_START_S = 1.0
+STEADY_BEFORE_END_S = 0.5
+#: the least steady part worth a figure
+STEADY_MIN_S = 2.0
 
 
 def live_specs(url: str, n: int, duration_s: float, pcm_path: Path, *,
@@ -50,10 +59,14 @@ def worker_session_url(worker_url: str) -> str:
 
 
 async def run_load(specs: list[StreamSpec], workdir: Path, name: str,
-                   timeout_s: float) -> tuple[list[dict[str, Any]], float]:
-    """Spread ``specs`` over load processes, start them together, collect their results."""
+                   timeout_s: float, *, on_start: Callable[[float], None] | None = None,
+                   ) -> tuple[list[dict[str, Any]], float]:
+    """Spread ``specs`` over load processes, start them together, collect their results.
+    ``on_start`` gets the wall-clock time the streams' ``start_s`` count from."""
     nproc = max(1, math.ceil(len(specs) / STREAMS_PER_LOAD_PROCESS))
     t0_wall = time.time() + 1.5 + 0.2 * nproc
+    if on_start is not None:
+        on_start(t0_wall)
     procs = []
     outs = []
     for k in range(nproc):
@@ -118,12 +131,7 @@ CDF_PERCENTILES = sorted({*range(0, 100), *np.arange(99.0, 100.0, 0.1).round(1).
 
 def cpu_times() -> dict[str, list[int]]:
     """Per-CPU jiffies from /proc/stat: user nice system idle iowait irq softirq steal."""
-    out = {}
-    for line in Path("/proc/stat").read_text().splitlines():
-        name, *fields = line.split()
-        if name.startswith("cpu") and name != "cpu":
-            out[name] = [int(f) for f in fields[:8]]
-    return out
+    return {k: v for k, v in proc_stat().items() if k != "cpu"}
 
 
 def cpu_usage(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, Any]:
@@ -165,6 +173,20 @@ def steady_window(specs: list[StreamSpec]) -> tuple[float, float]:
     return (max(s.start_s for s in live), min(s.start_s + s.duration_s for s in live))
 
 
+def messages(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """WebSocket messages the clients sent and received, in all and per stream-second
+    (a second of one live stream's audio): the gateway forwards each of them."""
+    stream_s = sum(r["audio_s_sent"] for r in results if r["kind"] == "live")
+    sent = sum(int(r.get("frames_sent", 0)) for r in results)
+    received = sum(int(r.get("events_received", 0)) for r in results)
+
+    def per(n: int) -> float | None:
+        return round(n / stream_s, 3) if stream_s > 0 else None
+
+    return {"sent": sent, "received": received, "stream_s": round(stream_s, 1),
+            "sent_per_stream_s": per(sent), "received_per_stream_s": per(received)}
+
+
 def summarize(results: list[dict[str, Any]],
               steady: tuple[float, float] = (0.0, math.inf)) -> dict[str, Any]:
     """Figures of a window; partial latency counts only partials that arrived while
@@ -189,6 +211,7 @@ def summarize(results: list[dict[str, Any]],
         "finals_without_audio_end": sum(r["finals_without_audio_end"] for r in live),
         "partial_cdf_ms": cdf(partial),
         "timeline_worst_ms": timeline(results),
+        "messages": messages(results),
     }
     if dumps:
         out["dump"] = {"dumps_digested": sum(len(r["dump_done_s"]) for r in dumps),
@@ -197,14 +220,56 @@ def summarize(results: list[dict[str, Any]],
     return out
 
 
+class SteadyCpu:
+    """The gateway's CPU over the steady part of a window (``steady_window``, within its
+    margins), sampled from /proc at its two ends while the load runs."""
+
+    def __init__(self, stack: Stack, specs: list[StreamSpec]) -> None:
+        self._stack = stack
+        start, end = steady_window(specs)
+        self._span = (start + STEADY_AFTER_START_S, end - STEADY_BEFORE_END_S)
+        self.streams = sum(1 for s in specs if s.kind == "live")
+        self.samples: list[tuple[float, float]] = []  # (monotonic time, gateway CPU s)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, t0_wall: float) -> None:
+        if self.streams and self._span[1] - self._span[0] >= STEADY_MIN_S:
+            self._task = asyncio.create_task(self._sample(t0_wall))
+
+    async def _sample(self, t0_wall: float) -> None:
+        for offset in self._span:
+            await asyncio.sleep(max(0.0, t0_wall + offset - time.time()))
+            cpu = self._stack.cpu_seconds().get("gateway")
+            if cpu is None:
+                return
+            self.samples.append((time.monotonic(), cpu))
+
+    def result(self) -> dict[str, Any] | None:
+        """CPU s, wall s and stream-seconds of the steady part; None without one."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if len(self.samples) < 2:
+            return None
+        (t_a, cpu_a), (t_b, cpu_b) = self.samples
+        stream_s = self.streams * (t_b - t_a)
+        return {"cpu_s": round(cpu_b - cpu_a, 3), "wall_s": round(t_b - t_a, 2),
+                "stream_s": round(stream_s, 1), "streams": self.streams,
+                "cpu_s_per_stream_s": (cpu_b - cpu_a) / stream_s if stream_s > 0 else None}
+
+
 async def window(stack: Stack, name: str, specs: list[StreamSpec], workdir: Path,
-                 duration_s: float) -> dict[str, Any]:
-    """One measured window: scrape, load, scrape; client and server figures together."""
+                 duration_s: float, *, count_instructions: bool = False) -> dict[str, Any]:
+    """One measured window: scrape, load, scrape; client and server figures together.
+    ``count_instructions``: the gateway's instructions over the window (``perf stat``)."""
     before = await scrape(stack)
+    perf = PerfCounter(stack.pid("gateway")) if count_instructions else None
     cpu0, wait0, t0 = stack.cpu_seconds(), stack.runqueue_wait_seconds(), time.monotonic()
     machine0 = cpu_times()
-    results, load_cpu = await run_load(specs, workdir, name, timeout_s=duration_s + 180)
+    steady = SteadyCpu(stack, specs)
+    results, load_cpu = await run_load(specs, workdir, name, timeout_s=duration_s + 180,
+                                       on_start=steady.start)
     cpu1, wait1, t1 = stack.cpu_seconds(), stack.runqueue_wait_seconds(), time.monotonic()
+    instructions = perf.stop() if perf is not None else None
     machine = cpu_usage(machine0, cpu_times())
     after = await scrape(stack)
     stack.check_alive()
@@ -217,6 +282,9 @@ async def window(stack: Stack, name: str, specs: list[StreamSpec], workdir: Path
     out["load_avg_after"] = list(os.getloadavg())
     out["machine_cpu"] = machine
     out["gateway_cpu_s"] = out["cpu_s"].get("gateway")
+    out["gateway_steady"] = steady.result()
+    if count_instructions:
+        out["gateway_instructions"] = instructions
     out["wall_s"] = round(t1 - t0, 2)
     print(f"  [{stack.plan.design}/{name}] partial {out['partial_ms']} errors {out['errors']}",
           flush=True)

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from bench import report
+
 PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 
 GROUPS = (  # (title, [(results key, label)])
@@ -21,21 +23,25 @@ GROUPS = (  # (title, [(results key, label)])
      [("s2_split", "split (cap)"), ("s2_split_nocap", "split-nocap")]),
     ("4: {n} streams + long prefills (simulated)",
      [("s4_sim-cap", "cap"), ("s4_sim-nocap", "no cap")]),
-    ("5: {n} streams, gateway overhead (simulated)",
-     [("s5_direct", "direct to workers"), ("s5_via_gateway", "through the gateway")]),
-    ("5 (light): {n} streams, gateway overhead (simulated)",
-     [("s5_light_direct", "direct to workers"),
-      ("s5_light_via_gateway", "through the gateway")]),
 )
 RED_LINE_MS = 300.0
+Rounds = list[dict[str, Any]]  # each round's windows
 
 
-def _present(r: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
+def _groups(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
+    loads = report.scale_loads(doc)
+    return [*GROUPS, *((f"5: {n} streams, gateway overhead (simulated)",
+                        [(f"s5_{n}_direct", "direct to workers"),
+                         (f"s5_{n}_via_gateway", "through the gateway")]) for n in loads)]
+
+
+def _present(doc: dict[str, Any], ws: Rounds) -> list[tuple[str, list[tuple[str, str]]]]:
     out = []
-    for title, items in GROUPS:
-        keys = [(k, lbl) for k, lbl in items if k in r]
+    for title, items in _groups(doc):
+        keys = [(k, lbl) for k, lbl in items if any(k in w for w in ws)]
         if keys:
-            out.append((title.format(n=r[keys[0][0]]["live_streams"]), keys))
+            first = next(w[keys[0][0]] for w in ws if keys[0][0] in w)
+            out.append((title.format(n=first["live_streams"]), keys))
     return out
 
 
@@ -49,19 +55,25 @@ def _grid(n: int) -> tuple[Any, list[Any]]:
     return fig, flat[:n]
 
 
-def latency_cdf(r: dict[str, Any], path: Path) -> None:
-    """Partial-latency CDF per design; the y axis is logit so the p99 tail is visible."""
-    groups = _present(r)
+def latency_cdf(doc: dict[str, Any], ws: Rounds, path: Path) -> None:
+    """Partial-latency CDF per design, one line per round (the spread is the bundle);
+    the y axis is logit so the p99 tail is visible."""
+    groups = _present(doc, ws)
+    if not groups:
+        return
     fig, axes = _grid(len(groups))
     for ax, (title, items) in zip(axes, groups, strict=True):
-        for key, label in items:
-            points = [(q / 100, v) for q, v in r[key]["partial_cdf_ms"] if 0 < q < 100]
-            if not points:
-                continue
-            p99 = r[key]["partial_ms"]["p99"]
-            n = r[key]["partial_ms"]["count"]
-            ax.plot([max(v, 0.1) for _, v in points], [q for q, _ in points],
-                    label=f"{label}: p99 {p99:.0f} ms (n={n})")
+        for i, (key, label) in enumerate(items):
+            color = f"C{i}"
+            p99s = [w[key]["partial_ms"]["p99"] for w in ws if key in w]
+            for k, w in enumerate(ws):
+                points = [(q / 100, v) for q, v in w.get(key, {}).get("partial_cdf_ms", [])
+                          if 0 < q < 100]
+                if points:
+                    ax.plot([max(v, 0.1) for _, v in points], [q for q, _ in points],
+                            color=color, alpha=0.8, linewidth=1,
+                            label=None if k else f"{label}: p99 "
+                            f"{'/'.join(f'{v:.0f}' for v in p99s if v is not None)} ms")
         ax.axvline(RED_LINE_MS, color="red", linestyle="--", linewidth=1, label="300 ms")
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(PLAIN)
@@ -71,7 +83,7 @@ def latency_cdf(r: dict[str, Any], path: Path) -> None:
         ax.set_yticklabels(["p10", "p50", "p90", "p99", "p99.9"])
         ax.set_xlabel("partial latency (ms, log)")
         ax.set_ylabel("percentile")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title + " (one line per round)", fontsize=10)
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -96,26 +108,36 @@ def _steps(res: dict[str, Any]) -> dict[str, Any]:
     return steps.get("realtime") or steps.get("mixed") or {}
 
 
-def step_histogram(r: dict[str, Any], path: Path) -> None:
-    groups = [(t, [(k, lbl) for k, lbl in items if _steps(r[k]).get("count")])
-              for t, items in _present(r)]
+def _summed_buckets(ws: Rounds, key: str) -> dict[str, int]:
+    """A design's step histogram over every round."""
+    out: dict[str, int] = {}
+    for w in ws:
+        for edge, count in _steps(w.get(key, {})).get("buckets", {}).items():
+            out[edge] = out.get(edge, 0) + count
+    return out
+
+
+def step_histogram(doc: dict[str, Any], ws: Rounds, path: Path) -> None:
+    groups = [(t, [(k, lbl) for k, lbl in items if _summed_buckets(ws, k).get("+Inf")])
+              for t, items in _present(doc, ws)]
     groups = [g for g in groups if g[1]]
     if not groups:
         return
     fig, axes = _grid(len(groups))
     for ax, (title, items) in zip(axes, groups, strict=True):
         width = 0.8 / len(items)
+        labels: list[str] = []
         for i, (key, label) in enumerate(items):
-            st = _steps(r[key])
-            labels, shares = _bucket_fractions(st["buckets"])
+            buckets = _summed_buckets(ws, key)
+            labels, shares = _bucket_fractions(buckets)
             xs = [x + i * width for x in range(len(labels))]
-            ax.bar(xs, shares, width=width, label=f"{label} (n={st['count']})")
+            ax.bar(xs, shares, width=width, label=f"{label} (n={buckets['+Inf']})")
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))])
         ax.set_xticklabels(labels, rotation=60, fontsize=7)
         ax.set_yscale("log")
         ax.set_xlabel("step duration bucket, upper bound (ms)")
         ax.set_ylabel("% of steps (log)")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title + " (all rounds)", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
@@ -123,14 +145,14 @@ def step_histogram(r: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def timeline(r: dict[str, Any], path: Path) -> None:
-    groups = [g for g in _present(r) if g[0][0] in "124"]
-    if not groups:
+def timeline(doc: dict[str, Any], ws: Rounds, path: Path) -> None:
+    groups = [g for g in _present(doc, ws) if g[0][0] in "124"]
+    if not groups or not ws:
         return
     fig, axes = plt.subplots(len(groups), 1, figsize=(10, 2.6 * len(groups)), squeeze=False)
     for ax, (title, items) in zip(axes[:, 0], groups, strict=True):
         for key, label in items:
-            tl = r[key]["timeline_worst_ms"]
+            tl = ws[0].get(key, {}).get("timeline_worst_ms", [])
             ax.plot([t for t, _ in tl], [max(v, 0.1) for _, v in tl], label=label,
                     linewidth=1)
         ax.axhline(RED_LINE_MS, color="red", linestyle="--", linewidth=1, label="300 ms")
@@ -138,7 +160,7 @@ def timeline(r: dict[str, Any], path: Path) -> None:
         ax.yaxis.set_major_formatter(PLAIN)
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_ylabel("worst partial (ms)")
-        ax.set_title(title + ": worst partial latency per 0.5 s", fontsize=10)
+        ax.set_title(title + ": worst partial latency per 0.5 s, round 1", fontsize=10)
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(True, which="both", alpha=0.3)
     axes[-1, 0].set_xlabel("seconds into the window")
@@ -147,10 +169,52 @@ def timeline(r: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def rounds_plot(doc: dict[str, Any], path: Path) -> None:
+    """Every check's figure in each round (markers), its median and its limit, and the
+    machine's probe time per round: which rounds ran on a slow machine."""
+    checks = [(key, c) for key, v in doc["verdicts"].items() for c in v["checks"]
+              if "median" in c and c["median"] is not None]
+    rounds = doc["results"].get("rounds", [])
+    if not checks or not rounds:
+        return
+    fig, axes = _grid(len(checks) + 1)
+    for ax, (key, c) in zip(axes, checks, strict=False):
+        xs = [i + 1 for i, v in enumerate(c["rounds"]) if v is not None]
+        ys = [v for v in c["rounds"] if v is not None]
+        ax.plot(xs, ys, "o", label="rounds")
+        ax.axhline(c["median"], color="black", linestyle=":", linewidth=1,
+                   label=f"median {c['median']:.3g}")
+        name, op, limit = c["check"].rsplit(" ", 2)
+        ax.axhline(float(limit), color="red", linestyle="--", linewidth=1,
+                   label=f"limit {op} {limit}")
+        ax.set_title(f"{key[1:]}: {name} → {c['verdict']}", fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_xticks(range(1, len(rounds) + 1))
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
+    ax = axes[-1]
+    for part in rounds[0]["machine"]:
+        probes = [rnd["machine"].get(part, {}).get("probe_s") for rnd in rounds]
+        xs = [i + 1 for i, p in enumerate(probes) if p]
+        ax.plot(xs, [max(p) for p in probes if p], "v", label=f"{part} (slower probe)")
+    ax.set_title("machine: probe loop seconds (higher = slower)", fontsize=9)
+    ax.set_xlabel("round")
+    ax.set_xticks(range(1, len(rounds) + 1))
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def make_all(doc: dict[str, Any], out: Path) -> list[Path]:
-    r = doc["results"]
-    paths = [out / "latency_cdf.png", out / "step_histogram.png", out / "timeline.png"]
-    latency_cdf(r, paths[0])
-    step_histogram(r, paths[1])
-    timeline(r, paths[2])
+    ws = report.round_windows(doc)
+    paths = [out / "latency_cdf.png", out / "step_histogram.png", out / "timeline.png",
+             out / "rounds.png"]
+    for p in paths:
+        p.unlink(missing_ok=True)  # a plot this run has nothing for must not stay behind
+    latency_cdf(doc, ws, paths[0])
+    step_histogram(doc, ws, paths[1])
+    timeline(doc, ws, paths[2])
+    rounds_plot(doc, paths[3])
     return [p for p in paths if p.exists()]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from bench.machine import PROBE_LOOP
+from bench.verdict import UNSTABLE_MARGIN, Check, combine, judge, judge_flags, ratio, spread
 
 PACKAGES = ("aiohttp", "redis", "pocketsphinx", "webrtcvad-wheels", "prometheus-client",
             "numpy", "soxr", "av", "structlog", "matplotlib", "lanegate")
@@ -62,54 +67,35 @@ def machine() -> dict[str, Any]:
 
 
 # --- verdicts ----------------------------------------------------------------------
+# Every figure a target names is taken per round, then judged by bench.verdict's rule.
+
+Windows = dict[str, Any]
+#: the gateway's targets (issue 15): CPU per stream-second and added latency at p99
+GATEWAY_CPU_PER_STREAM_S = 0.0005
+ADDED_P99_MS = 10.0
 
 
-def _p99(res: dict[str, Any], key: str) -> float | None:
-    part = res.get(key, {}).get("partial_ms", {})
-    v = part.get("p99")
+def round_windows(doc: dict[str, Any]) -> list[Windows]:
+    return [rnd["windows"] for rnd in doc["results"].get("rounds", [])]
+
+
+def _p99(w: Windows, key: str) -> float | None:
+    v = w.get(key, {}).get("partial_ms", {}).get("p99")
     return None if v is None else float(v)
 
 
-def _served_all(res: dict[str, Any]) -> bool:
-    """Every stream of the window was served to its end without an error."""
-    return bool(res) and not res.get("errors")
+def _p99_any(w: Windows, key: str) -> float | None:
+    """The window's p99, or when no partial came while every stream was on (a design
+    that falls seconds behind), the p99 of every partial the streams got, late ones too."""
+    p = _p99(w, key)
+    v = w.get(key, {}).get("partial_all_ms", {}).get("p99") if p is None else p
+    return None if v is None else float(v)
 
 
-def _verdict(target: str, met: bool | None, **figures: Any) -> dict[str, Any]:
-    return {"target": target, "met": met, **figures}
-
-
-def verdict_s1(r: dict[str, Any]) -> dict[str, Any]:
-    alone, split, mixed = _p99(r, "s1_alone"), _p99(r, "s1_split"), _p99(r, "s1_mixed")
-    ok = None if alone is None or split is None else \
-        split <= 1.25 * alone and split < RED_LINE_MS and _served_all(r["s1_split"])
-    ratio = None if alone is None or split is None or alone <= 0 else round(split / alone, 2)
-    mratio = None if alone is None or mixed is None or alone <= 0 else round(mixed / alone, 2)
-    return _verdict("split partial p99 <= 1.25 x alone p99 and < 300 ms", ok,
-                    alone_p99_ms=alone, split_p99_ms=split, split_over_alone=ratio,
-                    mixed_p99_ms=mixed, mixed_over_alone=mratio,
-                    errors={k: r[k]["errors"] for k in ("s1_alone", "s1_split", "s1_mixed")
-                            if r.get(k, {}).get("errors")})
-
-
-def verdict_s2(r: dict[str, Any]) -> dict[str, Any]:
-    cap, nocap = _p99(r, "s2_split"), _p99(r, "s2_split_nocap")
-    return _verdict("with the cap, the other streams' partial p99 < 300 ms while one "
-                    "client dumps 10 s",
-                    None if cap is None else cap < RED_LINE_MS and _served_all(r["s2_split"]),
-                    split_p99_ms=cap, split_nocap_p99_ms=nocap,
-                    errors={k: r[k]["errors"] for k in ("s2_split", "s2_split_nocap")
-                            if r.get(k, {}).get("errors")})
-
-
-def verdict_s3(r: dict[str, Any]) -> dict[str, Any]:
-    tput = r.get("s3_split_batch", {}).get("audio_s_per_wall_s")
-    ceil = r.get("ceiling", {}).get("audio_s_per_wall_s")
-    share = None if tput is None or not ceil else round(tput / ceil, 3)
-    return _verdict("split batch throughput >= 90% of the raw engine on the same core",
-                    None if share is None else share >= 0.9,
-                    split_audio_s_per_wall_s=tput, ceiling_audio_s_per_wall_s=ceil,
-                    share_of_ceiling=share)
+def _served(w: Windows, key: str) -> bool | None:
+    """Every stream of the window was served to its end without an error (None: not run)."""
+    res = w.get(key)
+    return None if not res else not res.get("errors")
 
 
 def _steps(res: dict[str, Any]) -> dict[str, Any]:
@@ -117,81 +103,217 @@ def _steps(res: dict[str, Any]) -> dict[str, Any]:
     return steps.get("realtime") or steps.get("mixed") or {}
 
 
-def verdict_s4(r: dict[str, Any]) -> dict[str, Any]:
-    cap, nocap = _steps(r.get("s4_sim-cap", {})), _steps(r.get("s4_sim-nocap", {}))
-    share = cap.get("share_le_50ms")
-    errors = {k: r[k]["errors"] for k in ("s4_sim-cap", "s4_sim-nocap")
-              if r.get(k, {}).get("errors")}
-    clean = _served_all(r.get("s4_sim-cap", {}))
-    return _verdict("with the cap every step p99 <= 50 ms (>= 99% of steps in the <= 50 ms "
-                    "buckets), every stream served; without it, the stall",
-                    None if share is None else share >= 0.99 and clean,
-                    streams_served=r.get("s4_sim-cap", {}).get("streams_served"),
-                    cap_step_p99_ms=cap.get("p99_ms"), cap_share_le_50ms=share,
-                    nocap_step_p99_ms=nocap.get("p99_ms"),
-                    nocap_share_le_50ms=nocap.get("share_le_50ms"),
-                    cap_steps_over_50ms=cap.get("over_50ms"),
-                    nocap_steps_over_50ms=nocap.get("over_50ms"),
-                    cap_max_step_at_most_ms=cap.get("max_at_most_ms"),
-                    nocap_max_step_at_most_ms=nocap.get("max_at_most_ms"),
-                    cap_partial_p99_ms=_p99(r, "s4_sim-cap"),
-                    nocap_partial_p99_ms=_p99(r, "s4_sim-nocap"),
-                    nocap_partial_max_ms=r.get("s4_sim-nocap", {}).get("partial_ms", {})
-                    .get("max"), errors=errors)
+def _errors(ws: list[Windows], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {f"{k} round {i + 1}": w[k]["errors"] for i, w in enumerate(ws) for k in keys
+            if w.get(k, {}).get("errors")}
 
 
-def verdict_s5(r: dict[str, Any]) -> dict[str, Any]:
-    gw, direct = r.get("s5_via_gateway", {}), r.get("s5_direct", {})
-    gp, dp = _p99(r, "s5_via_gateway"), _p99(r, "s5_direct")
-    added = None if gp is None or dp is None else round(gp - dp, 2)
-    stream_s = gw.get("audio_s_sent") or 0.0
+def _verdict(target: str, checks: list[dict[str, Any]], figures: dict[str, Any],
+             **extra: Any) -> dict[str, Any]:
+    return {"target": target, "verdict": combine([c["verdict"] for c in checks]).value,
+            "checks": checks, "figures": figures, **extra}
+
+
+def verdict_s1(ws: list[Windows], margin: float) -> dict[str, Any]:
+    alone = [_p99(w, "s1_alone") for w in ws]
+    split = [_p99(w, "s1_split") for w in ws]
+    mixed = [_p99_any(w, "s1_mixed") for w in ws]
+    checks = [judge(Check("split_over_alone", 1.25),
+                    [ratio(s, a) for s, a in zip(split, alone, strict=True)], margin),
+              judge(Check("split_p99_ms", RED_LINE_MS), split, margin),
+              judge_flags("every stream served (split)", [_served(w, "s1_split") for w in ws])]
+    return _verdict("split partial p99 <= 1.25 x alone p99 (same round) and <= 300 ms",
+                    checks, {"alone_p99_ms": spread(alone), "mixed_p99_ms": spread(mixed),
+                             "mixed_over_alone": spread([ratio(m, a) for m, a in
+                                                         zip(mixed, alone, strict=True)])},
+                    errors=_errors(ws, ("s1_alone", "s1_split", "s1_mixed")))
+
+
+def verdict_s2(ws: list[Windows], margin: float) -> dict[str, Any]:
+    cap = [_p99(w, "s2_split") for w in ws]
+    nocap = [_p99(w, "s2_split_nocap") for w in ws]
+    checks = [judge(Check("split_p99_ms", RED_LINE_MS), cap, margin),
+              judge_flags("every stream served (split)", [_served(w, "s2_split") for w in ws])]
+    return _verdict("with the cap, the other streams' partial p99 <= 300 ms while one "
+                    "client dumps 10 s", checks,
+                    {"split_nocap_p99_ms": spread(nocap),
+                     "nocap_over_split": spread([ratio(n, c) for n, c in
+                                                 zip(nocap, cap, strict=True)])},
+                    errors=_errors(ws, ("s2_split", "s2_split_nocap")))
+
+
+def verdict_s3(ws: list[Windows], margin: float) -> dict[str, Any]:
+    tput = [w.get("s3_split_batch", {}).get("audio_s_per_wall_s") for w in ws]
+    ceil = [w.get("ceiling", {}).get("audio_s_per_wall_s") for w in ws]
+    share = [ratio(t, c) for t, c in zip(tput, ceil, strict=True)]
+    return _verdict("split batch throughput >= 90% of the raw engine on the same core "
+                    "(same round)",
+                    [judge(Check("share_of_ceiling", 0.9, at_most=False, share=True), share,
+                           margin)],
+                    {"split_audio_s_per_wall_s": spread(tput),
+                     "ceiling_audio_s_per_wall_s": spread(ceil)})
+
+
+def verdict_s4(ws: list[Windows], margin: float) -> dict[str, Any]:
+    cap = [_steps(w.get("s4_sim-cap", {})) for w in ws]
+    nocap = [_steps(w.get("s4_sim-nocap", {})) for w in ws]
+    checks = [judge(Check("cap_share_le_50ms", 0.99, at_most=False, share=True),
+                    [c.get("share_le_50ms") for c in cap], margin),
+              judge_flags("every stream served (cap)", [_served(w, "s4_sim-cap") for w in ws])]
+    return _verdict("with the cap >= 99% of steps in the <= 50 ms buckets, every stream "
+                    "served; without it, the stall", checks,
+                    {"cap_step_p99_ms": spread([c.get("p99_ms") for c in cap]),
+                     "nocap_step_p99_ms": spread([c.get("p99_ms") for c in nocap]),
+                     "nocap_share_le_50ms": spread([c.get("share_le_50ms") for c in nocap]),
+                     "cap_steps_over_50ms": spread([c.get("over_50ms") for c in cap]),
+                     "nocap_steps_over_50ms": spread([c.get("over_50ms") for c in nocap]),
+                     "cap_partial_p99_ms": spread([_p99(w, "s4_sim-cap") for w in ws]),
+                     "nocap_partial_p99_ms": spread([_p99(w, "s4_sim-nocap") for w in ws])},
+                    errors=_errors(ws, ("s4_sim-cap", "s4_sim-nocap")))
+
+
+def gateway_round(w: Windows, n: int) -> dict[str, Any]:
+    """One round's gateway figures at ``n`` streams."""
+    gw = w.get(f"s5_{n}_via_gateway", {})
+    gp, dp = _p99(w, f"s5_{n}_via_gateway"), _p99(w, f"s5_{n}_direct")
+    msgs = gw.get("messages", {})
+    stream_s = msgs.get("stream_s") or gw.get("audio_s_sent")
     cpu = gw.get("gateway_cpu_s")
-    per = None if not stream_s or cpu is None else round(cpu / stream_s, 5)
-    clean = _served_all(gw) and _served_all(direct)
-    # The difference means something only while the baseline itself keeps the beat: a
-    # machine too loaded to serve the streams directly makes "added" meaningless.
-    baseline_ok = dp is not None and dp <= RED_LINE_MS
-    return _verdict("added latency p99 (through the gateway minus direct to the workers) "
-                    f"<= 10 ms, every stream served, direct p99 <= {RED_LINE_MS:g} ms",
-                    None if added is None else added <= 10.0 and clean and baseline_ok,
-                    streams_served_via_gateway=gw.get("streams_served"),
-                    via_gateway_p99_ms=gp, direct_p99_ms=dp, added_p99_ms=added,
-                    via_gateway_p50_ms=gw.get("partial_ms", {}).get("p50"),
-                    direct_p50_ms=direct.get("partial_ms", {}).get("p50"),
-                    gateway_cpu_s=cpu, stream_seconds=stream_s,
-                    gateway_cpu_s_per_stream_s=per,
-                    mid=lighter_figures(r, "s5_mid"), light=lighter_figures(r, "s5_light"),
-                    errors={"via_gateway": gw.get("errors"), "direct": direct.get("errors")})
+    window_rate = ratio(cpu, stream_s)
+    steady_rate = (gw.get("gateway_steady") or {}).get("cpu_s_per_stream_s")
+    instr = gw.get("gateway_instructions")
+    total_msgs = (msgs.get("sent") or 0) + (msgs.get("received") or 0)
+    return {"via_gateway_p99_ms": gp, "direct_p99_ms": dp,
+            "added_p99_ms": None if gp is None or dp is None else gp - dp,
+            # a carried stream's cost: the steady part, every stream connected
+            "gateway_cpu_s_per_stream_s": steady_rate if steady_rate is not None
+            else window_rate,
+            "window_cpu_s_per_stream_s": window_rate,
+            "setup_cpu_ms_per_session": setup_ms(cpu, steady_rate, stream_s,
+                                                 gw.get("live_streams")),
+            "sent_per_stream_s": msgs.get("sent_per_stream_s"),
+            "received_per_stream_s": msgs.get("received_per_stream_s"),
+            "instructions_per_message": ratio(instr, total_msgs),
+            "served": None if not gw else bool(_served(w, f"s5_{n}_via_gateway")
+                                              and _served(w, f"s5_{n}_direct"))}
 
 
-def lighter_figures(r: dict[str, Any], key: str) -> dict[str, Any] | None:
-    """The same comparison at a lighter load (informative, no target)."""
-    gw, direct = r.get(f"{key}_via_gateway"), r.get(f"{key}_direct")
-    if not gw or not direct:
+def setup_ms(cpu_s: float | None, steady_rate: float | None, stream_s: float | None,
+             sessions: int | None) -> float | None:
+    """The gateway's CPU ms per session beyond its streaming: connect, admission, worker
+    session, close (the window's CPU less the steady rate over its stream-seconds)."""
+    if cpu_s is None or steady_rate is None or stream_s is None or not sessions:
         return None
-    gp, dp = _p99(r, f"{key}_via_gateway"), _p99(r, f"{key}_direct")
-    cpu, stream_s = gw.get("gateway_cpu_s"), gw.get("audio_s_sent") or 0.0
-    return {"streams": gw["live_streams"], "via_gateway_p99_ms": gp, "direct_p99_ms": dp,
-            "added_p99_ms": None if gp is None or dp is None else round(gp - dp, 2),
-            "gateway_cpu_s_per_stream_s": None if not stream_s or cpu is None
-            else round(cpu / stream_s, 5),
-            "errors": {"via_gateway": gw.get("errors"), "direct": direct.get("errors")}}
+    return 1000 * (cpu_s - steady_rate * stream_s) / sessions
 
 
-def verdict_s6(r: dict[str, Any]) -> dict[str, Any]:
-    x = r.get("s6_vad", {}).get("x_realtime")
-    return _verdict("VAD >= 300 x real time on one core", None if x is None else x >= 300,
-                    x_realtime=x)
+def capacity(ws: list[Windows], n: int) -> dict[str, Any]:
+    """The gateway at ``n`` streams over the rounds: median (min, max) of each figure."""
+    rounds = [gateway_round(w, n) for w in ws]
+    out: dict[str, Any] = {k: spread([r[k] for r in rounds]) for k in rounds[0]
+                           if k != "served"} if rounds else {}
+    cpu = out.get("gateway_cpu_s_per_stream_s", {}).get("median")
+    out["streams_per_core"] = None if not cpu else round(1 / cpu)
+    out["served"] = [r["served"] for r in rounds]
+    return out
+
+
+def scale_loads(doc: dict[str, Any]) -> list[int]:
+    loads = doc["options"].get("scale_streams", [])
+    return [int(n) for n in ([loads] if isinstance(loads, int) else loads)]
+
+
+def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
+    """A results.json from before the rounds (one measurement per design) as one round,
+    so that ``python -m bench report`` still renders it."""
+    r, o = doc["results"], doc["options"]
+    if "rounds" in r:
+        return doc
+    loads = {"s5": o.get("scale_streams"), "s5_mid": o.get("scale_mid_streams"),
+             "s5_light": o.get("scale_light_streams")}
+    renames = {f"{prefix}_{kind}": f"s5_{n}_{kind}" for prefix, n in loads.items() if n
+               for kind in ("via_gateway", "direct")}
+    once = ("interference", "run_wall_s")
+    windows = {renames.get(k, k): v for k, v in r.items() if k not in once}
+    rounds = [{"round": 1, "machine": {}, "windows": windows}]
+    loaded = sorted(int(n) for n in loads.values() if n)
+    return {**doc, "options": {**o, "scale_streams": loaded, "rounds": 1},
+            "results": {k: v for k, v in r.items() if k in once} | {"rounds": rounds}}
+
+
+def verdict_s5(ws: list[Windows], margin: float, loads: list[int],
+               target_n: int) -> dict[str, Any]:
+    per_load = {n: capacity(ws, n) for n in loads}
+    # "added" means something only while the baseline itself keeps the beat: the highest
+    # load whose direct p99 (median) is within the red line is where it is quoted.
+    held = [n for n in loads if (per_load[n].get("direct_p99_ms", {}).get("median")
+                                 or math.inf) <= RED_LINE_MS]
+    rounds = [gateway_round(w, target_n) for w in ws]
+    added = [r["added_p99_ms"] if (r["direct_p99_ms"] or math.inf) <= RED_LINE_MS else None
+             for r in rounds]
+    checks = [judge(Check(f"gateway_cpu_s_per_stream_s at {target_n}",
+                          GATEWAY_CPU_PER_STREAM_S),
+                    [r["gateway_cpu_s_per_stream_s"] for r in rounds], margin),
+              judge(Check(f"added_p99_ms at {target_n}", ADDED_P99_MS), added, margin),
+              judge(Check(f"direct_p99_ms at {target_n}", RED_LINE_MS),
+                    [r["direct_p99_ms"] for r in rounds], margin),
+              judge_flags(f"every stream served at {target_n}", [r["served"] for r in rounds])]
+    top = max(held) if held else None
+    return _verdict(f"at {target_n} streams: gateway CPU <= {GATEWAY_CPU_PER_STREAM_S:g} s "
+                    f"per stream-second (>= {1 / GATEWAY_CPU_PER_STREAM_S:.0f} streams per "
+                    f"core) and added partial p99 (via gateway minus direct, same round) <= "
+                    f"{ADDED_P99_MS:g} ms with direct p99 <= {RED_LINE_MS:g} ms", checks,
+                    {"highest_load_direct_held": top,
+                     "added_p99_ms_at_highest_held": None if top is None
+                     else per_load[top]["added_p99_ms"]},
+                    capacity={str(n): c for n, c in per_load.items()},
+                    errors=_errors(ws, tuple(f"s5_{n}_{d}" for n in loads
+                                             for d in ("via_gateway", "direct"))))
+
+
+def verdict_s6(ws: list[Windows], margin: float) -> dict[str, Any]:
+    x = [w.get("s6_vad", {}).get("x_realtime") for w in ws]
+    return _verdict("VAD >= 300 x real time on one core",
+                    [judge(Check("x_realtime", 300.0, at_most=False), x, margin)], {})
 
 
 def verdicts(doc: dict[str, Any]) -> dict[str, Any]:
-    r = doc["results"]
-    checks = {"s1": verdict_s1, "s2": verdict_s2, "s3": verdict_s3, "s4": verdict_s4,
-              "s5": verdict_s5, "s6": verdict_s6}
-    return {k: f(r) for k, f in checks.items() if k in doc["options"]["scenarios"]}
+    ws = round_windows(doc)
+    o = doc["options"]
+    margin = float(o.get("unstable_margin", UNSTABLE_MARGIN))
+    checks: dict[str, Callable[[], dict[str, Any]]] = {
+        "s1": lambda: verdict_s1(ws, margin), "s2": lambda: verdict_s2(ws, margin),
+        "s3": lambda: verdict_s3(ws, margin), "s4": lambda: verdict_s4(ws, margin),
+        "s5": lambda: verdict_s5(ws, margin, scale_loads(doc),
+                                 int(o.get("scale_target_streams", 200))),
+        "s6": lambda: verdict_s6(ws, margin)}
+    return {k: f() for k, f in checks.items() if k in o["scenarios"]}
 
 
 # --- BENCHMARKS.md -----------------------------------------------------------------
+
+METHOD = (
+    "**Method.** A run is `--rounds` rounds (default 3). A round runs every design of "
+    "every chosen scenario once, one after another (scenario 1: `split` alone, `split` "
+    "under the flood, `mixed` under the flood; 2: `split-nocap` and `split` with the "
+    "dumps; 3: the raw engine's ceiling, then the flood in `split`; 4: cap, no cap; 5: at "
+    "each load through the gateway, then direct; 6: the VAD), so the two sides of a "
+    "comparison run seconds apart, in the same state of the machine, and the rounds "
+    "sample its moments. Each figure a target names is taken per round (a ratio from "
+    "that round's own pair) and reported as the median of the rounds with the min and "
+    "max beside it. A check is **met** when every round meets its limit and **missed** "
+    "when no round does. When the rounds disagree, the median decides if it lies beyond "
+    "the limit by more than a margin of {margin:.0%} of the limit (for a share that must "
+    "reach L, {margin:.0%} of 1 − L; `--unstable-margin`): met or missed; within that "
+    "margin the check is **unstable**, and so is a yes/no check (every stream served) "
+    "that some rounds pass and others fail. A scenario is missed if any of its checks "
+    "is missed, else unstable if any is unstable, else met; a round without the figure "
+    "(no partial arrived) is left out of that check. Every round records the "
+    "machine's speed: a fixed pure-Python loop (`for i in range({loop:_}): s += i * i`, "
+    "seconds, higher is slower) timed before and after each part of the round, and the "
+    "CPU time the hypervisor stole over it (`/proc/stat`), shown in the Rounds table "
+    "beside that round's figures; every round's raw figures are in `results.json` "
+    "(`results.rounds`).")
 
 
 def _f(v: Any, digits: int = 1) -> str:
@@ -205,101 +327,205 @@ def _f(v: Any, digits: int = 1) -> str:
 
 
 def _g(v: Any) -> str:
-    """A figure: small floats with 4 significant digits, others with 2 decimals."""
+    """A figure: shares and other small floats with 4 significant digits (0.9996 is not
+    1), up to 10 with 3, others with 1 decimal."""
     if isinstance(v, float) and not isinstance(v, bool):
-        return f"{v:.4g}" if abs(v) < 1 else f"{v:.2f}"
+        return f"{v:.4g}" if abs(v) < 1 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
     return _f(v)
 
 
-def _met(v: bool | None) -> str:
-    return {True: "**met**", False: "**missed**", None: "not measured"}[v]
+def _sp(s: dict[str, Any] | None) -> str:
+    """median (min–max) of a spread."""
+    if not s or s.get("median") is None:
+        return "—"
+    if len([v for v in s["rounds"] if v is not None]) < 2:
+        return _g(s["median"])
+    return f"{_g(s['median'])} ({_g(s['min'])}–{_g(s['max'])})"
 
 
-ROWS = (  # (results key, scenario, design, load)
-    ("s1_alone", "1", "split", "streams alone"),
-    ("s1_split", "1", "split", "streams + batch flood"),
-    ("s1_mixed", "1", "mixed", "streams + batch flood"),
-    ("s2_split", "2", "split", "streams + 10 s dumps"),
-    ("s2_split_nocap", "2", "split-nocap", "streams + 10 s dumps"),
-    ("s4_sim-cap", "4", "split (simulated)", "streams + long prefills"),
-    ("s4_sim-nocap", "4", "split-nocap (simulated)", "streams + long prefills"),
-    ("s5_direct", "5", "direct to workers (simulated, free)", "streams"),
-    ("s5_via_gateway", "5", "through the gateway (simulated, free)", "streams"),
-    ("s5_mid_direct", "5 (mid)", "direct to workers (simulated, free)", "streams"),
-    ("s5_mid_via_gateway", "5 (mid)", "through the gateway (simulated, free)", "streams"),
-    ("s5_light_direct", "5 (light)", "direct to workers (simulated, free)", "streams"),
-    ("s5_light_via_gateway", "5 (light)", "through the gateway (simulated, free)", "streams"),
-)
+def _verdict_word(v: str) -> str:
+    return f"**{v}**" if v != "not measured" else v
 
 
-def latency_table(r: dict[str, Any]) -> list[str]:
-    lines = [
-        "| scen. | design | load | live streams | partial p50 / p95 / p99 / max (ms) "
-        "| first partial p50 / p99 (ms) | final p50 / p99 (ms) | step p50 / p99 (ms), "
-        "share ≤ 50 ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for key, scen, design, load in ROWS:
-        res = r.get(key)
-        if not res:
-            continue
-        p, fp, fi = res["partial_ms"], res["first_partial_ms"], res["final_ms"]
-        st = _steps(res)
-        share = st.get("share_le_50ms")
-        steps = (f"{_f(st.get('p50_ms'))} / {_f(st.get('p99_ms'))}, "
-                 f"{_f(None if share is None else 100 * share)}% (n={st.get('count', 0)})"
-                 if st else "—")
-        lines.append(
-            f"| {scen} | {design} | {load} | {res['live_streams']} | {_f(p['p50'])} / "
-            f"{_f(p['p95'])} / {_f(p['p99'])} / {_f(p['max'])} | {_f(fp['p50'])} / "
-            f"{_f(fp['p99'])} | {_f(fi['p50'])} / {_f(fi['p99'])} | {steps} | "
-            f"{res['errors'] or '—'} |")
-    return lines
+def _check_text(c: dict[str, Any]) -> str:
+    if "median" in c:
+        return (f"{c['check']}: {_sp(c)}, {c['rounds_passed']}/{c['rounds_measured']} "
+                f"rounds → {c['verdict']}")
+    return f"{c['check']}: {c['rounds_passed']}/{c['rounds_measured']} rounds → {c['verdict']}"
 
 
 def verdict_table(doc: dict[str, Any]) -> list[str]:
-    v = doc["verdicts"]
-    lines = ["| scenario | target | figures | result |", "|---|---|---|---|"]
-    for key, ver in v.items():
-        figures = ", ".join(f"{k} = {_g(x)}"
-                            for k, x in ver.items()
-                            if k not in ("target", "met") and x not in ({}, None)
-                            and not (isinstance(x, dict) and not any(x.values())))
-        lines.append(f"| {key[1:]} | {ver['target']} | {figures} | {_met(ver['met'])} |")
+    lines = ["| scenario | target | checks: median (min–max) over the rounds | other figures "
+             "| result |", "|---|---|---|---|---|"]
+    for key, ver in doc["verdicts"].items():
+        checks = "<br>".join(_check_text(c) for c in ver["checks"])
+        figures = ", ".join(f"{k} = {_sp(x) if isinstance(x, dict) else _g(x)}"
+                            for k, x in ver["figures"].items())
+        if ver.get("errors"):
+            figures += f"; errors: {ver['errors']}"
+        lines.append(f"| {key[1:]} | {ver['target']} | {checks} | {figures or '—'} | "
+                     f"{_verdict_word(ver['verdict'])} |")
     return lines
 
 
-def batch_lines(r: dict[str, Any]) -> list[str]:
+def capacity_table(doc: dict[str, Any]) -> list[str]:
+    cap = doc["verdicts"].get("s5", {}).get("capacity")
+    if not cap:
+        return []
+    lines = ["| streams | gateway CPU s per stream-s (steady) | streams per gateway core | "
+             "whole window, setup included | setup CPU ms per session | client → "
+             "gateway msgs per stream-s | gateway → client msgs per stream-s | p99 via "
+             "gateway (ms) | p99 direct (ms) | added p99 (ms) | instructions per message |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n, c in cap.items():
+        lines.append(f"| {n} | {_sp(c['gateway_cpu_s_per_stream_s'])} | "
+                     f"{_f(c['streams_per_core'])} | "
+                     f"{_sp(c.get('window_cpu_s_per_stream_s', {}))} | "
+                     f"{_sp(c.get('setup_cpu_ms_per_session', {}))} | "
+                     f"{_sp(c['sent_per_stream_s'])} | "
+                     f"{_sp(c['received_per_stream_s'])} | {_sp(c['via_gateway_p99_ms'])} | "
+                     f"{_sp(c['direct_p99_ms'])} | {_sp(c['added_p99_ms'])} | "
+                     f"{_sp(c['instructions_per_message'])} |")
+    return lines
+
+
+def perf_line(doc: dict[str, Any]) -> str:
+    perf = doc["results"].get("perf")
+    if not perf:
+        return ""
+    if perf.get("supported"):
+        return ("Instructions per message: `perf stat -e instructions -p <gateway>` over "
+                "each through-the-gateway window, divided by the messages the clients "
+                "sent and received; unlike CPU seconds it does not change with the "
+                "machine's speed.")
+    return f"Instructions per message: **unsupported** on this machine: {perf['reason']}."
+
+
+def _round_figures(w: Windows, part: str, doc: dict[str, Any]) -> str:
+    """The figures of one part of a round, for the Rounds table."""
+    f: list[tuple[str, Any]] = []
+    if part == "pocketsphinx":
+        a, s, m = _p99(w, "s1_alone"), _p99(w, "s1_split"), _p99_any(w, "s1_mixed")
+        share = ratio(w.get("s3_split_batch", {}).get("audio_s_per_wall_s"),
+                      w.get("ceiling", {}).get("audio_s_per_wall_s"))
+        f = [("1 alone / split / mixed p99 ms", f"{_g(a)} / {_g(s)} / {_g(m)}"),
+             ("split ÷ alone", ratio(s, a)),
+             ("2 cap / nocap p99 ms", f"{_g(_p99(w, 's2_split'))} / "
+                                      f"{_g(_p99(w, 's2_split_nocap'))}"),
+             ("3 share of ceiling", share)]
+    elif part == "simulated":
+        f = [("4 cap / nocap share ≤ 50 ms",
+              f"{_g(_steps(w.get('s4_sim-cap', {})).get('share_le_50ms'))} / "
+              f"{_g(_steps(w.get('s4_sim-nocap', {})).get('share_le_50ms'))}")]
+    elif part == "gateway":
+        for n in scale_loads(doc):
+            g = gateway_round(w, n)
+            f.append((f"5 @{n}: CPU s/stream-s, added p99 ms",
+                      f"{_g(g['gateway_cpu_s_per_stream_s'])}, {_g(g['added_p99_ms'])}"))
+    elif part == "vad":
+        f = [("6 × real time", w.get("s6_vad", {}).get("x_realtime"))]
+    return "; ".join(f"{k}: {_g(v)}" for k, v in f if v not in (None, "— / —", "— / — / —"))
+
+
+def rounds_table(doc: dict[str, Any]) -> list[str]:
+    rounds = [rnd for rnd in doc["results"].get("rounds", []) if rnd["machine"]]
+    if not rounds:
+        return []
+    lines = ["| round | part | probe before / after (s) | steal | CPUs busy | wall (s) | "
+             "figures |", "|---|---|---|---|---|---|---|"]
+    for rnd in rounds:
+        for part, mach in rnd["machine"].items():
+            before, after = mach["probe_s"]
+            lines.append(f"| {rnd['round']} | {part} | {before:.2f} / {after:.2f} | "
+                         f"{100 * mach['steal_share']:.1f}% ({mach['steal_s']:.1f} s) | "
+                         f"{100 * mach['busy_share']:.0f}% | {mach['wall_s']:.0f} | "
+                         f"{_round_figures(rnd['windows'], part, doc)} |")
+    return lines
+
+
+def design_rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(results key, scenario, design, load) of every window kind in the run."""
+    rows = [
+        ("s1_alone", "1", "split", "streams alone"),
+        ("s1_split", "1", "split", "streams + batch flood"),
+        ("s1_mixed", "1", "mixed", "streams + batch flood"),
+        ("s2_split", "2", "split", "streams + 10 s dumps"),
+        ("s2_split_nocap", "2", "split-nocap", "streams + 10 s dumps"),
+        ("s4_sim-cap", "4", "split (simulated)", "streams + long prefills"),
+        ("s4_sim-nocap", "4", "split-nocap (simulated)", "streams + long prefills"),
+    ]
+    for n in scale_loads(doc):
+        rows += [(f"s5_{n}_direct", "5", "direct to workers (simulated, free)", "streams"),
+                 (f"s5_{n}_via_gateway", "5", "through the gateway (simulated, free)",
+                  "streams")]
+    return rows
+
+
+def latency_table(doc: dict[str, Any]) -> list[str]:
+    ws = round_windows(doc)
+    lines = [
+        "| scen. | design | load | live streams | partial p50 / p95 / max (ms), median "
+        "| partial p99 (ms), median (min–max) | first partial p50 (ms) | final p99 (ms) "
+        "| step p99 (ms), share ≤ 50 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, scen, design, load in design_rows(doc):
+        res = [w[key] for w in ws if w.get(key)]
+        if not res:
+            continue
+
+        def med(part: str, q: str, rs: list[dict[str, Any]] = res) -> str:
+            return _sp(spread([r[part][q] for r in rs]))
+
+        p = [_g(spread([r["partial_ms"][q] for r in res])["median"])
+             for q in ("p50", "p95", "max")]
+        steps = [_steps(r) for r in res]
+        step = (f"{_sp(spread([st.get('p99_ms') for st in steps]))}, "
+                f"{_sp(spread([st.get('share_le_50ms') for st in steps]))}"
+                if any(steps) else "—")
+        errors = [r["errors"] for r in res if r["errors"]]
+        lines.append(
+            f"| {scen} | {design} | {load} | {res[0]['live_streams']} | {' / '.join(p)} | "
+            f"{med('partial_ms', 'p99')} | {med('first_partial_ms', 'p50')} | "
+            f"{med('final_ms', 'p99')} | {step} | {errors or '—'} |")
+    return lines
+
+
+def batch_lines(doc: dict[str, Any]) -> list[str]:
+    r = doc["results"]
+    ws = round_windows(doc)
     out = []
-    ceil = r.get("ceiling")
+    ceil = [w["ceiling"] for w in ws if w.get("ceiling")]
     if ceil:
         out.append(f"- Raw engine ceiling (pocketsphinx Decoder, same VAD segments and "
-                   f"decoder config, pinned to CPU {ceil['cpus']}): {ceil['audio_s']} s of "
-                   f"audio in {ceil['wall_s']} s = **{ceil['audio_s_per_wall_s']} audio s per "
+                   f"decoder config, pinned to CPU {ceil[0]['cpus']}, once per round): "
+                   f"{ceil[0]['audio_s']} s of audio, **"
+                   f"{_sp(spread([c['audio_s_per_wall_s'] for c in ceil]))} audio s per "
                    f"wall s**.")
     inter = r.get("interference")
     if inter:
-        out.append(f"- Same chip, service aside: the realtime engine (100 ms chunks) on CPU "
-                   f"{inter['rt_alone']['cpus']} takes {inter['rt_alone']['wall_s_per_audio_s']}"
-                   f" s per audio s with the other CPU idle and "
-                   f"{inter['rt_with_batch_busy']['wall_s_per_audio_s']} s while the batch "
-                   f"engine decodes on the other CPU (x{inter['slowdown']}); "
+        out.append(f"- Same chip, service aside (once, before the rounds): the realtime "
+                   f"engine (100 ms chunks) on CPU {inter['rt_alone']['cpus']} takes "
+                   f"{inter['rt_alone']['wall_s_per_audio_s']} s per audio s with the other "
+                   f"CPU idle and {inter['rt_with_batch_busy']['wall_s_per_audio_s']} s "
+                   f"while the batch engine decodes on the other CPU (x{inter['slowdown']}); "
                    f"{inter.get('rt_with_spin_busy', {}).get('wall_s_per_audio_s')} s while "
                    f"a plain interpreter loop with almost no memory traffic spins there "
                    f"(x{inter.get('spin_slowdown')}).")
-    s3 = r.get("s3_split_batch")
+    s3 = [w["s3_split_batch"] for w in ws if w.get("s3_split_batch")]
     if s3:
-        out.append(f"- `split` batch lane: {s3.get('completed')} of {s3.get('jobs')} jobs "
-                   f"completed, {s3.get('audio_s')} s of audio between the first start and "
-                   f"the last finish ({s3.get('span_s')} s) = **{s3.get('audio_s_per_wall_s')}"
-                   f" audio s per wall s**.")
+        out.append(f"- `split` batch lane: {s3[0].get('jobs')} jobs per round, completed "
+                   f"per round {[b.get('completed') for b in s3]}, audio s per wall s "
+                   f"between the first start and the last finish: **"
+                   f"{_sp(spread([b.get('audio_s_per_wall_s') for b in s3]))}**.")
     for key, name in (("s1_split", "split"), ("s1_mixed", "mixed")):
-        b = r.get(key, {}).get("batch_during_window")
+        b = [w[key]["batch_during_window"] for w in ws
+             if w.get(key, {}).get("batch_during_window")]
         if b:
             out.append(f"- Batch progress during the `{name}` flood window (progress x "
                        f"audio / time since the first job started): "
-                       f"{b.get('audio_s_per_wall_s')} audio s per wall s "
-                       f"({b.get('statuses')}).")
+                       f"{_sp(spread([x.get('audio_s_per_wall_s') for x in b]))} audio s "
+                       f"per wall s.")
     return out
 
 
@@ -309,6 +535,7 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
     rd = results_dir
     m, o, r = doc["machine"], doc["options"], doc["results"]
     pk = m["packages"]
+    ws = round_windows(doc)
     parts = [
         "# Benchmarks",
         "",
@@ -324,42 +551,104 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         f"commit `{m['git_commit'][:10]}`, load average at start {m['load_avg_at_start'][0]:.2f}, "
         f"whole run {r.get('run_wall_s')} s.",
         "",
-        f"Windows: {o['duration_s']:.0f} s per pocketsphinx window ({o['streams']} live "
-        f"streams), {o['sim_duration_s']:.0f} s with {o['sim_streams']} simulated streams, "
-        f"{o['scale_duration_s']:.0f} s with {o['scale_streams']} streams for the gateway "
-        f"overhead. Batch flood: {o['flood_jobs']} async uploads of {o['flood_job_s']:.0f} s "
-        f"each. Realtime worker on CPU {o['rt_cpus']}, batch worker on CPU {o['batch_cpus']}.",
+        f"{len(ws)} rounds. Windows: {o['duration_s']:.0f} s per pocketsphinx window "
+        f"({o['streams']} live streams), {o['sim_duration_s']:.0f} s with {o['sim_streams']} "
+        f"simulated streams, {o['scale_duration_s']:.0f} s at each of "
+        f"{', '.join(str(n) for n in scale_loads(doc))} streams for the gateway. Batch "
+        f"flood: {o['flood_jobs']} async uploads of {o['flood_job_s']:.0f} s each. Realtime "
+        f"worker on CPU {o['rt_cpus']}, batch worker on CPU {o['batch_cpus']}. Engines: "
+        "`pocketsphinx` for scenarios 1-3, `simulated` for 4-5, named in every stack's "
+        "`LANEGATE_ENGINE`.",
+        "",
+        METHOD.format(margin=float(o.get("unstable_margin", UNSTABLE_MARGIN)),
+                      loop=PROBE_LOOP),
         "",
         "## Targets",
         "",
         *verdict_table(doc),
         "",
-        "## Latency per design",
-        "",
-        "Client-side: partial latency is the arrival time of a partial minus the send time "
-        "of the frame holding its `audio_end_ms`; first partial is the first non-empty "
-        "partial minus the first frame's send time; final latency is the same as partial "
-        "latency for finals. Steps: the workers' `lanegate_step_duration_seconds` "
-        "histograms over the window, scraped from the `/metrics` of the workers listed in "
-        "the Redis registry (quantiles interpolated inside Prometheus buckets).",
-        "",
-        *latency_table(r),
-        "",
-        "## Batch throughput",
-        "",
-        *batch_lines(r),
-        "",
     ]
-    if "s6_vad" in r:
-        v = r["s6_vad"]
+    if capacity_table(doc):
+        parts += ["## Gateway capacity", "",
+                  "Gateway CPU seconds (utime + stime from `/proc/<pid>/stat`) per "
+                  "stream-second: the headline is a carried stream's, over the steady part "
+                  "of each through-the-gateway window (sampled from 1 s after the last "
+                  "stream's start to 0.5 s before the first one's end, every stream "
+                  "connected and sending); the whole window's figure includes every "
+                  "session's connect, admission and close, and the setup CPU per session "
+                  "is the whole window's CPU less the steady rate over its stream-seconds, "
+                  "per session (sessions last only the window here, minutes in "
+                  "production). Messages counted by "
+                  "the load clients (the gateway forwards each: audio frames and `end` one "
+                  "way, events the other; it keeps no message counters of its own). "
+                  "Streams per gateway core = 1 / the median CPU seconds per stream-second. "
+                  "Added p99 = p99 through the gateway minus p99 direct to the workers in "
+                  "the same round.", "",
+                  *capacity_table(doc), "", perf_line(doc), ""]
+    if rounds_table(doc):
+        parts += ["## Rounds", "",
+                  "The machine's speed beside each round's figures: the probe loop's seconds "
+                  "before and after the part (higher is slower), the CPU time stolen by the "
+                  "hypervisor over it, and the CPUs' busy share.", "",
+                  *rounds_table(doc), ""]
+    parts += ["## Latency per design", "",
+              "Client-side: partial latency is the arrival time of a partial minus the send "
+              "time of the frame holding its `audio_end_ms`; first partial is the first "
+              "non-empty partial minus the first frame's send time; final latency is the "
+              "same as partial latency for finals. Steps: the workers' "
+              "`lanegate_step_duration_seconds` histograms over the window, scraped from "
+              "the `/metrics` of the workers listed in the Redis registry (quantiles "
+              "interpolated inside Prometheus buckets). Each figure is the median over the "
+              "rounds; the p99 columns give the min and max of the rounds.", "",
+              *latency_table(doc), "",
+              "## Batch throughput", "", *batch_lines(doc), ""]
+    vads = [w["s6_vad"] for w in ws if w.get("s6_vad", {}).get("x_realtime")]
+    if vads:
         parts += ["## VAD", "", f"`bench.vad_speed.measure_vad_speed({o['vad_seconds']:.0f})` "
-                  f"pinned to CPU {v.get('cpus')}: {_f(v.get('audio_s'), 0)} s of audio in "
-                  f"{_f(v.get('wall_s'), 2)} s = **{_f(v.get('x_realtime'), 0)} × real "
-                  "time**.", ""]
+                  f"pinned to CPU {vads[0].get('cpus')}, once per round: **"
+                  f"{_sp(spread([v['x_realtime'] for v in vads]))} × real time**.", ""]
     parts += ["## Plots", "",
-              f"![partial latency CDF per design]({rd}/latency_cdf.png)", "",
+              f"![each round's figure against its limit]({rd}/rounds.png)", "",
+              f"![partial latency CDF per design, every round]({rd}/latency_cdf.png)", "",
               f"![step durations per design]({rd}/step_histogram.png)", "",
               f"![worst partial latency over time]({rd}/timeline.png)", ""]
     if notes:
         parts += [notes.strip(), ""]
     return "\n".join(parts)
+
+
+def readme_summary(doc: dict[str, Any]) -> str:
+    """The README's benchmark sentence: each verdict with its medians (min–max)."""
+    v = doc["verdicts"]
+
+    def check(key: str, i: int) -> str:
+        return _sp(v[key]["checks"][i])
+
+    parts = []
+    if "s1" in v:
+        f = v["s1"]["figures"]
+        parts.append(f"1 {v['s1']['verdict']}: under a batch flood `split` kept live streams "
+                     f"at partial p99 {check('s1', 1)} ms, {check('s1', 0)} × alone "
+                     f"({_sp(f['alone_p99_ms'])} ms); `mixed` reached "
+                     f"{_sp(f['mixed_p99_ms'])} ms")
+    if "s2" in v:
+        parts.append(f"2 {v['s2']['verdict']}: the cap kept them at {check('s2', 0)} ms while "
+                     f"a client dumped 10 s (no cap: "
+                     f"{_sp(v['s2']['figures']['split_nocap_p99_ms'])} ms)")
+    if "s3" in v:
+        parts.append(f"3 {v['s3']['verdict']}: the batch lane ran at {check('s3', 0)} of the "
+                     "raw engine")
+    if "s4" in v:
+        parts.append(f"4 {v['s4']['verdict']}: with the cap a share of {check('s4', 0)} of "
+                     "steps took at most 50 ms")
+    if "s5" in v:
+        n = doc["options"].get("scale_target_streams", 200)
+        cap = v["s5"].get("capacity", {}).get(str(n), {})
+        parts.append(f"5 {v['s5']['verdict']}: at {n} streams the gateway used "
+                     f"{check('s5', 0)} CPU s per stream-second "
+                     f"({_f(cap.get('streams_per_core'))} streams per core) and added "
+                     f"{check('s5', 1)} ms at p99")
+    if "s6" in v:
+        parts.append(f"6 {v['s6']['verdict']}: the VAD ran at {check('s6', 0)} × real time")
+    rounds = len(round_windows(doc))
+    return f"Medians of {rounds} rounds (min–max): " + "; ".join(parts) + "."

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import audio, measure
+from bench.machine import Moment, perf_support
 from bench.measure import dump_spec, live_specs, stream_url, window, worker_session_url
 from bench.stack import Stack, StackPlan, WorkerPlan
+from bench.verdict import UNSTABLE_MARGIN
 
 ALL_SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6")
-#: seconds over which the scale scenario opens its streams (50 per second for 500)
-SCALE_RAMP_S = 10.0
+#: streams per second the scale scenario opens (500 streams over 10 s)
+SCALE_RAMP_PER_S = 50.0
 
 
 @dataclass
@@ -26,19 +28,20 @@ class Options:
     out: Path = Path("bench/results")
     workdir: Path = Path("bench/.work")
     scenarios: tuple[str, ...] = ALL_SCENARIOS
-    duration_s: float = 40.0  # each pocketsphinx measuring window
+    rounds: int = 3  # every design of every scenario once per round, judged on the median
+    unstable_margin: float = UNSTABLE_MARGIN
+    duration_s: float = 20.0  # each pocketsphinx measuring window
     streams: int = 4  # live pocketsphinx streams
-    flood_jobs: int = 4
-    flood_job_s: float = 200.0  # seconds of audio per flood upload
+    flood_jobs: int = 3
+    flood_job_s: float = 120.0  # seconds of audio per flood upload
     dump_s: float = 10.0
     dump_every_s: float = 10.0
     sim_streams: int = 200
-    sim_duration_s: float = 40.0
+    sim_duration_s: float = 30.0
     sim_dump_s: float = 200.0  # the simulated long prefill: 200 s x 0.02 ms/frame = 400 ms
-    scale_streams: int = 500
-    scale_duration_s: float = 30.0
-    scale_light_streams: int = 80  # also measure the gateway at a load the machine carries
-    scale_mid_streams: int = 200  # and in between (0: skip)
+    scale_streams: tuple[int, ...] = (100, 200, 500)  # gateway capacity: each load
+    scale_target_streams: int = 200  # the load the gateway's targets are judged at
+    scale_duration_s: float = 20.0
     vad_seconds: float = 3600.0
     rt_cpus: str = "0"
     batch_cpus: str = "1"
@@ -49,9 +52,10 @@ class Options:
 
 
 #: settings every stack gets: the load needs more than the per-key default of
-#: 16 sessions (auth is off, so all streams count against one anonymous key).
-COMMON_ENV = {"LANEGATE_MAX_SESSIONS_PER_KEY": "100000", "LANEGATE_LOG_LEVEL": "warning",
-              "LANEGATE_DRAIN_TIMEOUT_S": "2"}
+#: 16 sessions and than the default share of the slots (auth is off, so all streams
+#: count against the one client address of the load generator).
+COMMON_ENV = {"LANEGATE_MAX_SESSIONS_PER_KEY": "100000", "LANEGATE_MAX_KEY_SHARE": "1",
+              "LANEGATE_LOG_LEVEL": "warning", "LANEGATE_DRAIN_TIMEOUT_S": "2"}
 
 
 def ps_plan(design: str, o: Options) -> StackPlan:
@@ -81,17 +85,22 @@ def sim_plan(design: str, o: Options, *, cap: bool) -> StackPlan:
            "LANEGATE_MAX_FRAME_BYTES": str(int(o.sim_dump_s * 32000) + 1_048_576),
            # the VAD's max window would otherwise cut the continuous-speech dump into
            # 25 s pieces (50 ms each at this cost); the scenario needs it in one piece
-           "LANEGATE_MAX_WINDOW_S": str(o.sim_dump_s + 50)}
+           "LANEGATE_MAX_WINDOW_S": str(o.sim_dump_s + 50),
+           # the dump arrives at once, far ahead of the decoder: that is the scenario
+           "LANEGATE_MAX_UNDECODED_S": str(o.sim_dump_s + 60)}
     return StackPlan(design, env, [WorkerPlan("realtime", o.rt_cpus)])
 
 
 def free_plan(o: Options) -> StackPlan:
     """Two simulated workers whose steps cost nearly nothing, behind one gateway."""
-    slots = o.scale_streams // 2 + 32
+    slots = max(o.scale_streams, default=0) // 2 + 32
     env = {**COMMON_ENV, "LANEGATE_ENGINE": "simulated", "LANEGATE_LANES": "split",
            "LANEGATE_SLOTS": str(slots), "LANEGATE_SIM_STEP_FIXED_MS": "0.0",
            "LANEGATE_SIM_PREFILL_FRAME_MS": "0.0", "LANEGATE_SIM_DECODE_SEQ_MS": "0.0"}
     return StackPlan("sim-free", env, [WorkerPlan("realtime"), WorkerPlan("realtime")])
+
+
+Windows = dict[str, Any]  # one round's figures, by results key
 
 
 @dataclass
@@ -104,6 +113,10 @@ class Bench:
     def work(self) -> Path:
         return self.o.workdir / "run"
 
+    @property
+    def want(self) -> set[str]:
+        return set(self.o.scenarios)
+
     def speech_pcm(self, name: str, seconds: float, seed: int, gap_s: float = 0.8) -> Path:
         path = self.o.workdir / f"{name}.pcm"
         if self.o.wav is not None:
@@ -111,6 +124,9 @@ class Bench:
         elif not path.exists():
             path.write_bytes(audio.speech(seconds, self.o.workdir, seed=seed, gap_s=gap_s))
         return path
+
+    def live_pcm(self) -> Path:
+        return self.speech_pcm("live", 180, 1)
 
     def flood_files(self) -> list[Path]:
         """The flood: the same long recording uploaded ``flood_jobs`` times (so the
@@ -121,18 +137,9 @@ class Bench:
         return Stack(plan, self.work)
 
     def record(self, stack: Stack) -> None:
-        self.stacks.append(stack.describe())
-
-    # --- pocketsphinx: scenarios 1, 2, 3 ------------------------------------------
-
-    async def ceiling(self) -> None:
-        files = [str(self.flood_files()[0])]
-        proc = await asyncio.create_subprocess_exec(
-            "taskset", "-c", self.o.batch_cpus, sys.executable, "-m", "bench.ceiling", *files,
-            stdout=subprocess.PIPE)
-        stdout, _ = await proc.communicate()
-        self.results["ceiling"] = json.loads(stdout)
-        print(f"ceiling: {self.results['ceiling']}", flush=True)
+        """Each design's processes once (they are the same in every round)."""
+        if all(s["design"] != stack.plan.design for s in self.stacks):
+            self.stacks.append(stack.describe())
 
     async def pinned(self, cpus: str, *args: str) -> dict[str, Any]:
         proc = await asyncio.create_subprocess_exec(
@@ -164,20 +171,36 @@ class Bench:
         print(f"interference: x{slowdown:.3f} (spin x{spun['wall_s_per_audio_s'] / base:.3f})",
               flush=True)
 
-    async def split(self) -> None:
-        want = set(self.o.scenarios)
-        live = self.speech_pcm("live", 180, 1)
-        d = self.o.duration_s
+    # --- pocketsphinx: scenarios 1, 2, 3 ------------------------------------------
+    # In a round: split-nocap and split each take the dumps (2), split then measures
+    # its streams alone and under the flood (1) and the flood's throughput (3), paired
+    # with the raw engine's ceiling of the same round; mixed takes the same flood (1).
+
+    async def pocketsphinx(self, w: Windows) -> None:
+        live = self.live_pcm()
+        if "s3" in self.want:
+            w["ceiling"] = await self.pinned(self.o.batch_cpus, str(self.flood_files()[0]))
+            print(f"  ceiling: {w['ceiling']}", flush=True)
+        if "s2" in self.want:
+            async with self.stack(ps_plan("split-nocap", self.o)) as stack:
+                self.record(stack)
+                w["s2_split_nocap"] = await self.dump_window(stack, stream_url(stack.url),
+                                                             live)
         async with self.stack(ps_plan("split", self.o)) as stack:
             self.record(stack)
             url = stream_url(stack.url)
-            if "s1" in want:
-                self.results["s1_alone"] = await window(
+            d = self.o.duration_s
+            if "s2" in self.want:
+                w["s2_split"] = await self.dump_window(stack, url, live)
+            if "s1" in self.want:
+                w["s1_alone"] = await window(
                     stack, "alone", live_specs(url, self.o.streams, d, live), self.work, d)
-            if "s2" in want:
-                self.results["s2_split"] = await self.dump_window(stack, url, live)
-            if want & {"s1", "s3"}:
-                await self.flood_window(stack, url, live, "s1_split")
+            if self.want & {"s1", "s3"}:
+                await self.flood_window(stack, url, live, w, "s1_split")
+        if "s1" in self.want:
+            async with self.stack(ps_plan("mixed", self.o)) as stack:
+                self.record(stack)
+                await self.flood_window(stack, stream_url(stack.url), live, w, "s1_mixed")
 
     async def dump_window(self, stack: Stack, url: str, live: Path) -> dict[str, Any]:
         d = self.o.duration_s
@@ -186,76 +209,62 @@ class Bench:
                                first_s=3.0, duration_s=d - 6.0))
         return await window(stack, "dump", specs, self.work, d)
 
-    async def flood_window(self, stack: Stack, url: str, live: Path, key: str) -> None:
+    async def flood_window(self, stack: Stack, url: str, live: Path, w: Windows,
+                           key: str) -> None:
         d = self.o.duration_s
         ids = await measure.submit(stack, self.flood_files())
         await asyncio.sleep(2.0)  # let the batch lane get going
-        self.results[key] = await window(
+        w[key] = await window(
             stack, "flood", live_specs(url, self.o.streams, d, live), self.work, d)
         state = await measure.jobs(stack, ids)
-        self.results[key]["batch_during_window"] = measure.throughput(state, time.time())
-        if key == "s1_split" and "s3" in self.o.scenarios:
+        w[key]["batch_during_window"] = measure.throughput(state, time.time())
+        if key == "s1_split" and "s3" in self.want:
             state = await measure.wait_jobs(stack, ids, timeout_s=300)
-            self.results["s3_split_batch"] = measure.throughput(state)
-
-    async def nocap(self) -> None:
-        live = self.speech_pcm("live", 180, 1)
-        async with self.stack(ps_plan("split-nocap", self.o)) as stack:
-            self.record(stack)
-            self.results["s2_split_nocap"] = await self.dump_window(
-                stack, stream_url(stack.url), live)
-
-    async def mixed(self) -> None:
-        live = self.speech_pcm("live", 180, 1)
-        async with self.stack(ps_plan("mixed", self.o)) as stack:
-            self.record(stack)
-            await self.flood_window(stack, stream_url(stack.url), live, "s1_mixed")
+            w["s3_split_batch"] = measure.throughput(state)
 
     # --- simulated engine: scenarios 4, 5 --------------------------------------------
 
-    async def sim(self, cap: bool) -> None:
-        design = "sim-cap" if cap else "sim-nocap"
-        live = self.speech_pcm("live", 180, 1)
-        # continuous speech (no pause long enough to endpoint): one utterance
-        dump = self.speech_pcm("continuous", self.o.sim_dump_s + 20, 2, gap_s=0.0)
-        d = self.o.sim_duration_s
-        async with self.stack(sim_plan(design, self.o, cap=cap)) as stack:
-            self.record(stack)
-            url = stream_url(stack.url)
-            specs = live_specs(url, self.o.sim_streams, d, live, ramp_s=5.0)
-            specs.append(dump_spec(url, dump, dump_s=self.o.sim_dump_s, every_s=10.0,
-                                   first_s=8.0, duration_s=d - 12.0))
-            self.results[f"s4_{design}"] = await window(stack, "prefill", specs, self.work, d)
+    async def sim(self, w: Windows) -> None:
+        for cap in (True, False):
+            design = "sim-cap" if cap else "sim-nocap"
+            live = self.live_pcm()
+            # continuous speech (no pause long enough to endpoint): one utterance
+            dump = self.speech_pcm("continuous", self.o.sim_dump_s + 20, 2, gap_s=0.0)
+            d = self.o.sim_duration_s
+            async with self.stack(sim_plan(design, self.o, cap=cap)) as stack:
+                self.record(stack)
+                url = stream_url(stack.url)
+                specs = live_specs(url, self.o.sim_streams, d, live, ramp_s=5.0)
+                specs.append(dump_spec(url, dump, dump_s=self.o.sim_dump_s, every_s=10.0,
+                                       first_s=8.0, duration_s=d - 12.0))
+                w[f"s4_{design}"] = await window(stack, "prefill", specs, self.work, d)
 
-    async def scale(self) -> None:
-        """The same streams through the gateway and directly on the workers, at the
-        target scale, and at lighter loads (``scale_mid_streams``, ``scale_light_streams``)."""
-        runs = [("s5", self.o.scale_streams, self.o.scale_duration_s, SCALE_RAMP_S)]
-        if self.o.scale_mid_streams:
-            runs.append(("s5_mid", self.o.scale_mid_streams, 20.0, 4.0))
-        if self.o.scale_light_streams:
-            runs.append(("s5_light", self.o.scale_light_streams, 20.0, 2.0))
+    async def scale(self, w: Windows) -> None:
+        """At each load, the same streams through the gateway, then directly on the
+        workers: the gateway's CPU per stream-second and the latency it adds."""
+        count = bool(self.results.get("perf", {}).get("supported"))
         async with self.stack(free_plan(self.o)) as stack:
             self.record(stack)
-            for key, n, d, ramp in runs:
-                await self.gateway_vs_direct(stack, key, n, d, ramp)
+            for n in self.o.scale_streams:
+                await self.gateway_vs_direct(stack, w, n, count)
 
-    async def gateway_vs_direct(self, stack: Stack, key: str, n: int, d: float,
-                                ramp: float) -> None:
-        live = self.speech_pcm("live", 180, 1)
-        self.results[f"{key}_via_gateway"] = await window(
-            stack, f"{key}-via-gateway", live_specs(stream_url(stack.url), n, d, live,
-                                                    ramp_s=ramp), self.work, d)
+    async def gateway_vs_direct(self, stack: Stack, w: Windows, n: int, count: bool) -> None:
+        live = self.live_pcm()
+        d = self.o.scale_duration_s
+        ramp = n / SCALE_RAMP_PER_S
+        w[f"s5_{n}_via_gateway"] = await window(
+            stack, f"s5-{n}-via-gateway", live_specs(stream_url(stack.url), n, d, live,
+                                                     ramp_s=ramp), self.work, d,
+            count_instructions=count)
         workers = await stack.realtime_workers()
-        specs = [s for k, w in enumerate(workers) for s in
-                 live_specs(worker_session_url(w.url), n, d, live, ramp_s=ramp)
+        specs = [s for k, wk in enumerate(workers) for s in
+                 live_specs(worker_session_url(wk.url), n, d, live, ramp_s=ramp)
                  [k::len(workers)]]
-        self.results[f"{key}_direct"] = await window(stack, f"{key}-direct", specs, self.work,
-                                                     d)
+        w[f"s5_{n}_direct"] = await window(stack, f"s5-{n}-direct", specs, self.work, d)
 
     # --- VAD: scenario 6 --------------------------------------------------------------
 
-    async def vad(self) -> None:
+    async def vad(self, w: Windows) -> None:
         code = ("import json, sys; from bench.vad_speed import measure_vad_speed; "
                 "print(json.dumps(measure_vad_speed(float(sys.argv[1]))))")
         proc = await asyncio.create_subprocess_exec(
@@ -263,31 +272,41 @@ class Bench:
             str(self.o.vad_seconds), stdout=subprocess.PIPE)
         stdout, _ = await proc.communicate()
         lines = stdout.decode().strip().splitlines()
-        self.results["s6_vad"] = json.loads(lines[-1]) if proc.returncode == 0 and lines \
+        w["s6_vad"] = json.loads(lines[-1]) if proc.returncode == 0 and lines \
             else {"error": f"exit {proc.returncode}"}
-        self.results["s6_vad"]["cpus"] = self.o.batch_cpus
-        print(f"vad: {self.results['s6_vad']}", flush=True)
+        w["s6_vad"]["cpus"] = self.o.batch_cpus
+        print(f"  vad: {w['s6_vad']}", flush=True)
 
     # --- the whole run -----------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
         self.work.mkdir(parents=True, exist_ok=True)
-        want = set(self.o.scenarios)
-        steps: list[tuple[bool, Any]] = [
-            (bool(want & {"s1", "s3"}), self.ceiling),
-            ("s1" in want, self.interference),
-            (bool(want & {"s1", "s2", "s3"}), self.split),
-            ("s2" in want, self.nocap),
-            ("s1" in want, self.mixed),
-            ("s4" in want, lambda: self.sim(True)),
-            ("s4" in want, lambda: self.sim(False)),
-            ("s5" in want, self.scale),
-            ("s6" in want, self.vad),
+        want = self.want
+        if "s5" in want:
+            self.results["perf"] = perf_support()
+            print(f"perf stat instructions: {self.results['perf']}", flush=True)
+        groups: list[tuple[bool, str, Any]] = [
+            (bool(want & {"s1", "s2", "s3"}), "pocketsphinx", self.pocketsphinx),
+            ("s4" in want, "simulated", self.sim),
+            ("s5" in want, "gateway", self.scale),
+            ("s6" in want, "vad", self.vad),
         ]
         started = time.time()
-        for enabled, step in steps:
-            if enabled:
-                await step()
+        if "s1" in want:
+            await self.interference()
+        rounds: list[dict[str, Any]] = []
+        self.results["rounds"] = rounds
+        for k in range(self.o.rounds):
+            rnd: dict[str, Any] = {"round": k + 1, "machine": {}, "windows": {}}
+            rounds.append(rnd)
+            for enabled, name, step in groups:
+                if not enabled:
+                    continue
+                print(f"round {k + 1}/{self.o.rounds}: {name}", flush=True)
+                moment = Moment()
+                await step(rnd["windows"])
+                rnd["machine"][name] = moment.end()
+                print(f"  machine: {rnd['machine'][name]}", flush=True)
         self.results["run_wall_s"] = round(time.time() - started, 1)
         return self.results
 

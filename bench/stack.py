@@ -1,8 +1,9 @@
 """Start and stop the service in one design: redis-server, the gateway, the workers.
 
-Each process is a child started with the same ``lanegate`` CLI a user runs,
-configured by ``LANEGATE_*`` environment variables; workers are pinned with
-``taskset``. The exact command lines and environment are kept for the report.
+Each process is a ``lanegate.supervisor.Child`` (what ``lanegate up`` starts)
+running the same ``lanegate`` CLI a user runs, configured by ``LANEGATE_*``
+environment variables; workers are pinned with ``taskset``. The exact command
+lines and environment are kept for the report.
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -25,15 +23,12 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from lanegate.settings import Settings
-from workers.registry import WorkerInfo, list_workers
+from lanegate.supervisor import Child, Supervisor, free_port, lanegate_argv
+from lanes.registry import WorkerInfo, list_workers
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: how long a child may take to exit on SIGTERM before it is killed
+STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -52,26 +47,21 @@ class StackPlan:
     redis_cpus: str = ""
 
 
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes]
-    log: Path
+def runqueue_wait_seconds(child: Child) -> float:
+    """Time the process's threads were runnable but waiting for a CPU (schedstat)."""
+    assert child.proc is not None
+    total = 0
+    for task in Path(f"/proc/{child.proc.pid}/task").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
 
-    def runqueue_wait_seconds(self) -> float:
-        """Time the process's threads were runnable but waiting for a CPU (schedstat)."""
-        total = 0
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                total += int((task / "schedstat").read_text().split()[1])
-        return total / 1e9
 
-    def cpu_seconds(self) -> float:
-        """utime + stime of the process from /proc/<pid>/stat."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+def cpu_seconds(child: Child) -> float:
+    """utime + stime of the process from /proc/<pid>/stat."""
+    assert child.proc is not None
+    fields = Path(f"/proc/{child.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 class StackError(RuntimeError):
@@ -82,11 +72,6 @@ def pin(cpus: str) -> list[str]:
     return ["taskset", "-c", cpus] if cpus else []
 
 
-def wait_exit(proc: subprocess.Popen[bytes], limit_s: float) -> None:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(max(0.0, limit_s))
-
-
 class Stack:
     """A running service. Use ``async with Stack(plan, workdir) as stack``."""
 
@@ -95,7 +80,7 @@ class Stack:
         self.workdir = workdir / plan.design
         self.redis_port = free_port()
         self.gateway_port = free_port()
-        self.children: list[Child] = []
+        self.supervisor = Supervisor([], ready=lambda: True, stop_timeout_s=STOP_GRACE_S)
         self.redis: aioredis.Redis | None = None
 
     @property
@@ -107,16 +92,23 @@ class Stack:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
     @property
-    def gateway(self) -> Child:
-        return next(c for c in self.children if c.name == "gateway")
+    def children(self) -> list[Child]:
+        return self.supervisor.children
+
+    def pid(self, name: str) -> int:
+        """The process id of the child called ``name`` (``gateway``, ``redis``, ...)."""
+        for child in self.children:
+            if child.name == name and child.proc is not None:
+                return child.proc.pid
+        raise StackError(f"{self.plan.design}: no running {name}")
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds used so far by each live child, from /proc."""
-        return self._per_child(Child.cpu_seconds)
+        return self._per_child(cpu_seconds)
 
     def runqueue_wait_seconds(self) -> dict[str, float]:
         """Seconds each live child has waited for a CPU so far, from /proc schedstat."""
-        return self._per_child(Child.runqueue_wait_seconds)
+        return self._per_child(runqueue_wait_seconds)
 
     def _per_child(self, read: Callable[[Child], float]) -> dict[str, float]:
         """``read`` of each child whose /proc entry still exists."""
@@ -132,14 +124,14 @@ class Stack:
                 "LANEGATE_PORT": str(self.gateway_port),
                 **self.plan.env}
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
-        log = self.workdir / f"{name}.log"
+    def spawn(self, name: str, argv: list[str], env: dict[str, str], stop_order: int) -> Child:
+        """Start a child with ``env`` (its ``LANEGATE_*``) over this environment less
+        any ``LANEGATE_*`` of its own."""
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("LANEGATE_")}
         full_env.update(env)
-        with log.open("wb") as out:
-            proc = subprocess.Popen(argv, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        child = Child(name, argv, env, proc, log)
+        child = Child(name, argv, full_env, log=self.workdir / f"{name}.log",
+                      stop_order=stop_order)
+        child.start()
         self.children.append(child)
         return child
 
@@ -161,17 +153,16 @@ class Stack:
         self.spawn("redis", [*pin(self.plan.redis_cpus), "redis-server",
                              "--port", str(self.redis_port), "--bind", "127.0.0.1",
                              "--dir", str(self.workdir / "data"), "--appendonly", "yes",
-                             "--save", "", "--protected-mode", "no"], {})
+                             "--save", "", "--protected-mode", "no"], {}, stop_order=2)
         self.redis = aioredis.Redis.from_url(self.redis_url)
         await self.wait_for(self.redis_up, "redis-server", 10)
-        lanegate = [sys.executable, "-m", "lanegate.cli"]
         for i, w in enumerate(self.plan.workers):
             self.spawn(f"worker-{w.lane}-{i}",
-                       [*pin(w.cpus), *lanegate, "worker", "--lane", w.lane],
+                       [*pin(w.cpus), *lanegate_argv("worker", "--lane", w.lane)],
                        {**self.base_env(), "LANEGATE_WORKER_ID": f"bench-{w.lane}-{i}",
-                        **w.env})
-        self.spawn("gateway", [*pin(self.plan.gateway_cpus), *lanegate, "gateway"],
-                   self.base_env())
+                        **w.env}, stop_order=1)
+        self.spawn("gateway", [*pin(self.plan.gateway_cpus), *lanegate_argv("gateway")],
+                   self.base_env(), stop_order=0)
         await self.wait_for(self.workers_up, "workers in the registry", 120)
         await self.wait_for(self.gateway_ready, "gateway /readyz", 60)
 
@@ -218,41 +209,20 @@ class Stack:
                          + self.log_tails())
 
     def check_alive(self) -> None:
-        dead = [c for c in self.children if c.proc.poll() is not None]
+        dead = [c for c in self.children if not c.running]
         if dead:
             raise StackError(f"{self.plan.design}: {', '.join(c.name for c in dead)} exited\n"
                              + self.log_tails())
 
-    def log_tails(self, lines: int = 15) -> str:
-        out = []
-        for c in self.children:
-            tail = c.log.read_text(errors="replace").splitlines()[-lines:] if c.log.exists() \
-                else []
-            out.append(f"--- {c.name} ({c.log}) ---\n" + "\n".join(tail))
-        return "\n".join(out)
+    def log_tails(self) -> str:
+        return self.supervisor.log_tails()
 
     async def stop(self) -> None:
         """Gateway first, then the workers together, then redis-server."""
-        gateway = [c for c in self.children if c.name == "gateway"]
-        workers = [c for c in self.children if c.name.startswith("worker")]
-        rest = [c for c in self.children if c not in gateway and c not in workers]
-        for group in (gateway, workers, rest):
-            await self.stop_group(group)
+        await asyncio.to_thread(self.supervisor.stop_all)
         if self.redis is not None:
             await self.redis.aclose()
             self.redis = None
-
-    @staticmethod
-    async def stop_group(children: list[Child], grace_s: float = 8.0) -> None:
-        for child in children:
-            if child.proc.poll() is None:
-                os.killpg(child.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for child in children:
-            await asyncio.to_thread(wait_exit, child.proc, deadline - time.monotonic())
-            if child.proc.poll() is None:
-                os.killpg(child.proc.pid, signal.SIGKILL)
-                child.proc.wait(5)
 
     def describe(self) -> dict[str, object]:
         """Exact commands, LANEGATE_* environment and the effective settings (defaults
@@ -261,7 +231,8 @@ class Stack:
                 "processes": [{"name": c.name, "argv": [os.path.basename(a) if a ==
                                                         sys.executable else a
                                                         for a in c.argv],
-                               "env": dict(sorted(c.env.items())),
+                               "env": {k: v for k, v in sorted(c.env.items())
+                                       if k.startswith("LANEGATE_")},
                                "settings": (dataclasses.asdict(Settings.from_env(c.env))
                                             if c.name != "redis" else None)}
                               for c in self.children]}

@@ -1,0 +1,119 @@
+"""Verdicts from repeated rounds: a limit is judged on the median of the per-round figures.
+
+Each round measures every design a target compares, one after another, so a ratio
+is taken within one round (one moment of the machine) and then over the rounds.
+The rule, also written in BENCHMARKS.md's method paragraph:
+
+* ``met`` when every round meets the limit, ``missed`` when none does;
+* when the rounds disagree, the median decides if it lies beyond the limit's
+  margin (``UNSTABLE_MARGIN`` of the limit, or for a share that must reach ``L``,
+  of what it may fall short by, ``1 - L``): ``met`` or ``missed``;
+  otherwise ``unstable``.
+
+A scenario is missed if any of its checks is, else unstable if any is, else met.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+#: the share of the limit within which a median of disagreeing rounds is no verdict
+UNSTABLE_MARGIN = 0.10
+
+
+class Verdict(StrEnum):
+    MET = "met"
+    MISSED = "missed"
+    UNSTABLE = "unstable"
+    NOT_MEASURED = "not measured"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One limit a figure must keep in every round: ``value <= limit`` (``at_most``)
+    or ``value >= limit``. ``share`` marks a fraction that must reach ``limit``: its
+    margin is taken of ``1 - limit``, the room it has."""
+
+    name: str
+    limit: float
+    at_most: bool = True
+    share: bool = False
+
+    def passes(self, value: float) -> bool:
+        return value <= self.limit if self.at_most else value >= self.limit
+
+    def margin(self, share_of_limit: float) -> float:
+        room = 1.0 - self.limit if self.share else abs(self.limit)
+        return share_of_limit * room
+
+    @property
+    def text(self) -> str:
+        return f"{self.name} {'<=' if self.at_most else '>='} {self.limit:g}"
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """Median, min and max of the rounds that have a figure, and every round's figure."""
+    got = [float(v) for v in values if v is not None]
+    if not got:
+        return {"median": None, "min": None, "max": None, "rounds": list(values)}
+    return {"median": statistics.median(got), "min": min(got), "max": max(got),
+            "rounds": list(values)}
+
+
+def judge(check: Check, values: Sequence[float | None],
+          margin: float = UNSTABLE_MARGIN) -> dict[str, Any]:
+    """The check over the rounds; a round without the figure is left out."""
+    s = spread(values)
+    got = [float(v) for v in values if v is not None]
+    passed = sum(check.passes(v) for v in got)
+    if not got:
+        verdict = Verdict.NOT_MEASURED
+    elif passed == len(got):
+        verdict = Verdict.MET
+    elif passed == 0:
+        verdict = Verdict.MISSED
+    else:
+        verdict = _disagreeing(check, float(s["median"]), check.margin(margin))
+    return {"check": check.text, **s, "rounds_passed": passed, "rounds_measured": len(got),
+            "verdict": verdict.value}
+
+
+def _disagreeing(check: Check, median: float, margin: float) -> Verdict:
+    beyond = median - check.limit if check.at_most else check.limit - median
+    if beyond > margin:
+        return Verdict.MISSED
+    if beyond < -margin:
+        return Verdict.MET
+    return Verdict.UNSTABLE
+
+
+def judge_flags(name: str, flags: Sequence[bool | None]) -> dict[str, Any]:
+    """A yes/no condition per round (every stream served): all yes, all no, or unstable."""
+    got = [f for f in flags if f is not None]
+    passed = sum(got)
+    verdict = (Verdict.NOT_MEASURED if not got else Verdict.MET if passed == len(got)
+               else Verdict.MISSED if passed == 0 else Verdict.UNSTABLE)
+    return {"check": name, "rounds": list(flags), "rounds_passed": passed,
+            "rounds_measured": len(got), "verdict": verdict.value}
+
+
+def combine(verdicts: Sequence[str]) -> Verdict:
+    """A scenario's verdict from its checks' verdicts."""
+    values = [Verdict(v) for v in verdicts]
+    measured = [v for v in values if v is not Verdict.NOT_MEASURED]
+    if not measured:
+        return Verdict.NOT_MEASURED
+    for worst in (Verdict.MISSED, Verdict.UNSTABLE):
+        if worst in measured:
+            return worst
+    return Verdict.MET if len(measured) == len(values) else Verdict.NOT_MEASURED
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
