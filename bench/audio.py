@@ -60,7 +60,7 @@ def read_wav(path: Path) -> bytes:
         if (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (RATE, 1, 2):
             return bytes(w.readframes(w.getnframes()))
     out = subprocess.run(
-        ["sox", str(path), "-t", "raw", "-r", str(RATE), "-c", "1", "-b", "16",
+        ["sox", "-R", str(path), "-t", "raw", "-r", str(RATE), "-c", "1", "-b", "16",
          "-e", "signed-integer", "-"],
         check=True, capture_output=True,
     )
@@ -84,7 +84,7 @@ def synthesize(text: str, root: Path) -> bytes:
         raw = out.with_suffix(".espeak.wav")
         subprocess.run(["espeak-ng", "-v", VOICE, "-s", str(WPM), "-w", str(raw), text],
                        check=True, capture_output=True)
-        subprocess.run(["sox", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
+        subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
                        check=True, capture_output=True)
         raw.unlink()
     return read_wav(out)

@@ -72,7 +72,7 @@ def speak(text: str, voice: str, wpm: int, root: Path) -> bytes:
         raw = out.with_suffix(".espeak.wav")
         subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text],
                        check=True, capture_output=True)
-        subprocess.run(["sox", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
+        subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
                        check=True, capture_output=True)
         raw.unlink()
     return read_wav(out)

@@ -42,7 +42,7 @@ def synthesize(text: str, workdir: Path) -> Pcm:
         capture_output=True,
     )
     subprocess.run(
-        ["sox", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
+        ["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
         check=True,
         capture_output=True,
     )

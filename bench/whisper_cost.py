@@ -31,7 +31,7 @@ BATCHES = (1, 2, 4)
 def speech(seconds: float, tmp: Path) -> np.ndarray:
     out, raw = tmp / "s.wav", tmp / "s.raw.wav"
     subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(raw), TEXT], check=True)
-    subprocess.run(["sox", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
+    subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
                    check=True)
     with wave.open(str(out)) as w:
         one = as_float(w.readframes(w.getnframes()))

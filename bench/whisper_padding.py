@@ -36,7 +36,7 @@ PADS_S = (0.0, 0.5, 1.0, 2.0, 3.0, None)  # None: padded to Whisper's 30 s windo
 def speak(text: str, voice: str, wpm: int, out: Path) -> bytes:
     raw = out.with_suffix(".raw.wav")
     subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
+    subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
                    check=True)
     with wave.open(str(out)) as w:
         return bytes(w.readframes(w.getnframes()))

@@ -102,11 +102,15 @@ def redis_server(redis_factory: Callable[[], RedisServer]) -> RedisServer:
 
 def synthesize(text: str, out: Path, *, rate: int = 16000, voice: str = VOICE,
                wpm: int = WPM) -> Path:
-    """espeak-ng speech, converted by sox to mono s16le WAV at ``rate``."""
+    """espeak-ng speech, converted by sox to mono s16le WAV at ``rate``.
+
+    ``sox -R`` seeds its dither the same way every time: without it the same text gave
+    different samples in every test session, so a recall measured once did not hold
+    on the next run."""
     raw = out.with_suffix(".espeak.wav")
     subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text],
                    check=True, capture_output=True)
-    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(out)],
+    subprocess.run(["sox", "-R", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(out)],
                    check=True, capture_output=True)
     raw.unlink()
     return out

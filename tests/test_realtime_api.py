@@ -65,7 +65,7 @@ def silence(ms: int, rate: int) -> bytes:
 
 def g711(wav: Path, encoding: str) -> tuple[bytes, bytes]:
     """(G.711 bytes at 8 kHz encoded by sox, sox's own decoding of them to s16le)."""
-    coded = subprocess.run(["sox", str(wav), "-r", "8000", "-c", "1", "-e", encoding,
+    coded = subprocess.run(["sox", "-R", str(wav), "-r", "8000", "-c", "1", "-e", encoding,
                             "-t", "raw", "-"], check=True, capture_output=True).stdout
     decoded = subprocess.run(["sox", "-t", "raw", "-r", "8000", "-c", "1", "-e", encoding,
                               "-b", "8", "-", "-e", "signed", "-b", "16", "-t", "raw", "-"],
@@ -137,8 +137,9 @@ async def test_sdk_server_vad_streams_deltas_and_completed_transcripts(
     assert [c.item_id for c in committed[:2]] == [c.item_id for c in completed[:2]]
     assert committed[0].previous_item_id is None
     assert committed[1].previous_item_id == committed[0].item_id
-    assert recall(TRAFFIC, completed[0].transcript) >= SENTENCE_RECALL
-    assert recall(TALKING, completed[1].transcript) >= SENTENCE_RECALL
+    transcripts = [c.transcript for c in completed]
+    assert recall(TRAFFIC, completed[0].transcript) >= SENTENCE_RECALL, transcripts
+    assert recall(TALKING, completed[1].transcript) >= SENTENCE_RECALL, transcripts
     assert completed[0].usage.type == "duration"
     assert completed[0].usage.seconds > 1
     # the deltas of an item carry its words as they are decoded (the completed transcript

@@ -92,7 +92,7 @@ def test_a_given_language_is_used(whisper: WhisperEngine, tmp_path: Path) -> Non
 
 def test_silence_and_brown_noise_give_no_text(whisper: WhisperEngine, tmp_path: Path) -> None:
     noise = tmp_path / "noise.wav"
-    subprocess.run(["sox", "-n", "-r", "16000", "-c", "1", "-b", "16", str(noise),
+    subprocess.run(["sox", "-R", "-n", "-r", "16000", "-c", "1", "-b", "16", str(noise),
                     "synth", "60", "brownnoise"], check=True)
     pcm, _ = read_pcm(noise)
     segments = [pcm[s.start * 2 : s.end * 2] for s in segment_pcm(pcm)]
