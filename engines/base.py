@@ -109,13 +109,6 @@ class StepProfile:
 class EngineStream(Protocol):
     """One decoder slot."""
 
-    #: its final is a fresh decode of the whole utterance, in the step whose chunk ends
-    #: it (``last_chunk``): the session stops the decoder short of where the cut can
-    #: fall, so that chunk is still to come when the cut does. An incremental decoder
-    #: (False) keeps decoding up to the VAD's position: where its utterance starts
-    #: changes what it hears.
-    final_redecodes: bool
-
     def start(self) -> None:
         """Begin a new utterance."""
 

@@ -29,6 +29,10 @@ from lanegate.settings import Settings
 from lanegate.transcript import Word
 
 FRAMES_PER_SECOND = 100
+# A stream hands its decoder whole blocks of this many bytes (20 ms), counted from the
+# utterance's start, and keeps the rest for the next feed: pocketsphinx's words depend
+# on where its calls split the audio, and a step's chunk depends on timing.
+FEED_BLOCK_BYTES = 320 * BYTES_PER_SAMPLE
 # Audio handed to the batch decoder per call, so a caller can yield between pieces.
 BATCH_PIECE_S = 1.0
 # Measured on this project's machine (RTF about 0.24 with maxhmmpf=1500, ds=2).
@@ -92,23 +96,26 @@ def partial_text(decoder: Any) -> str:
 class PocketsphinxStream:
     """One preloaded decoder lent to a session."""
 
-    final_redecodes = False
-
     def __init__(self, engine: PocketsphinxEngine, decoder: Any) -> None:
         self._engine = engine
         self.decoder = decoder
         self._in_utt = False
+        self._held = bytearray()  # the part of a block fed so far
 
     def start(self) -> None:
         if self._in_utt:
             self.decoder.end_utt()
+        self._held.clear()
         self.decoder.start_utt()
         self._in_utt = True
 
     def feed(self, pcm: bytes) -> Hypothesis:
         check_pcm(pcm)
-        if pcm:
-            self.decoder.process_raw(pcm, False, False)
+        self._held += pcm
+        whole = len(self._held) - len(self._held) % FEED_BLOCK_BYTES
+        for off in range(0, whole, FEED_BLOCK_BYTES):
+            self.decoder.process_raw(bytes(self._held[off:off + FEED_BLOCK_BYTES]), False, False)
+        del self._held[:whole]
         return Hypothesis(partial_text(self.decoder), language=LANGUAGE)
 
     def last_chunk(self) -> None:
@@ -117,6 +124,9 @@ class PocketsphinxStream:
     def finish(self) -> Hypothesis:
         if not self._in_utt:
             return Hypothesis("", language=LANGUAGE)
+        if self._held:
+            self.decoder.process_raw(bytes(self._held), False, False)
+            self._held.clear()
         self.decoder.end_utt()
         self._in_utt = False
         return final_hypothesis(self.decoder)

@@ -76,8 +76,6 @@ class SimulatedFault(RuntimeError):
 
 
 class SimulatedStream:
-    final_redecodes = False
-
     def __init__(self, engine: SimulatedEngine) -> None:
         self._engine = engine
         self._words: list[Word] = []

@@ -199,8 +199,6 @@ class Job:
 class WhisperStream:
     """One decoder slot: the audio of the current segment and what is committed of it."""
 
-    final_redecodes = True
-
     def __init__(self, engine: WhisperEngine, options: DecodeOptions) -> None:
         self._engine = engine
         self.options = options

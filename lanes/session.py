@@ -197,15 +197,15 @@ class RealtimeSession:
         """How far the cursor may go now: the next cut, or all buffered audio."""
         if self._cuts:
             return min(self._cuts[0].segment.end, self.buffered_end)
-        # Audio the VAD has not seen yet may still hold a cut. A re-decoding engine also
-        # stops short of an open segment's trailing silence, so it reaches the endpoint
-        # cut exactly and decodes the segment's last chunk as its last (Whisper's final
-        # is then a fresh decode of the whole segment, in the step).
+        # Audio the VAD has not seen yet may still hold a cut. The cursor also stops short
+        # of an open segment's trailing silence, so it reaches the endpoint cut exactly:
+        # an utterance always ends at its cut and the next begins there, whatever the
+        # timing of the steps (pocketsphinx's words depend on where its utterance began,
+        # through the cepstral mean it carries), and the segment's last chunk is
+        # decoded as its last (Whisper's final is then a fresh decode of the segment).
         if self._vad_flushed:
             return self.cursor
-        if self.stream.final_redecodes:
-            return max(self.cursor, self._vad.settled)
-        return self._vad.position
+        return max(self.cursor, self._vad.settled)
 
     def candidate(self) -> Candidate:
         pending = max(0, self.decode_limit - self.cursor)
