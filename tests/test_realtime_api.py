@@ -261,10 +261,11 @@ async def test_beta_shape_with_mulaw_and_client_commit(
     assert events[0]["type"] in ("input_audio_buffer.committed", DELTA)
     assert events[-1]["usage"]["seconds"] == pytest.approx(len(coded) / 8000, abs=0.05)
     # 8 kHz audio lacks the band pocketsphinx's wideband model needs: it is recognised
-    # poorly and its words vary with how the turn was chunked into steps (recall 0.09-
-    # 0.64 over 8 runs here, "there it op erotic on the road apart it"), so one word
+    # poorly, "there it op erotic on the road are it" (4 of 11 words, the same in every
+    # run since a session's words no longer depend on its steps' timing; they ranged
+    # over 1-7 words before), so the limit is 0.15 below that
     assert events[-1]["transcript"].strip(), events[-1]
-    assert recall(TRAFFIC, events[-1]["transcript"]) >= 1 / 11, events[-1]["transcript"]
+    assert recall(TRAFFIC, events[-1]["transcript"]) >= 2 / 11, events[-1]["transcript"]
     await raw.ws.close()
 
 
