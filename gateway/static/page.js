@@ -33,6 +33,7 @@ class LiveStream {
     this.ws = null;
     this.audio = null;
     this.media = null;
+    this.ended = false; // `end` was sent: no more audio
   }
 
   get active() { return this.ws !== null; }
@@ -65,12 +66,15 @@ class LiveStream {
     this.ws.onclose = (ev) => this.onClose(ev);
     // speech from before `ready` is kept (up to MAX_PENDING frames) and sent then
     this.pending = [];
+    this.ended = false;
     worklet.port.onmessage = (msg) => this.sendFrame(msg.data);
     setMic(true, "Connecting…");
   }
 
   sendFrame(frame) {
-    if (!this.ws) return;
+    // frames the worklet posted before stop() may still arrive: audio after `end`
+    // is a protocol error (close 1008), so they are dropped
+    if (!this.ws || this.ended) return;
     if (this.pending !== null) {
       if (this.pending.length < MAX_PENDING) this.pending.push(frame);
     } else if (this.ws.readyState === WebSocket.OPEN) {
@@ -120,6 +124,7 @@ class LiveStream {
   stop() {
     // the server sends the last finals, then done, then closes
     this.release();
+    this.ended = true;
     if (this.ws && this.ws.readyState === WebSocket.OPEN) {
       this.ws.send(JSON.stringify({ type: "end" }));
       setMic(false, "Finishing…");
