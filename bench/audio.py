@@ -76,17 +76,25 @@ def write_wav(path: Path, pcm: bytes) -> Path:
     return path
 
 
+def espeak_wav(text: str, out: Path, *, voice: str = VOICE, wpm: int = WPM) -> Path:
+    """``text`` spoken by espeak-ng, resampled by sox to a 16 kHz mono s16le WAV at
+    ``out`` (``-R``: sox's dither seeded the same way, so the same text gives the same
+    samples in every run)."""
+    raw = out.with_suffix(".espeak.wav")
+    subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text],
+                   check=True, capture_output=True)
+    subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
+                   check=True, capture_output=True)
+    raw.unlink()
+    return out
+
+
 def synthesize(text: str, root: Path) -> bytes:
     """One sentence spoken by espeak-ng, resampled by sox; cached by text."""
     digest = hashlib.sha1(f"{text}|{VOICE}|{WPM}".encode()).hexdigest()[:16]
     out = cache_dir(root) / f"s-{digest}.wav"
     if not out.exists():
-        raw = out.with_suffix(".espeak.wav")
-        subprocess.run(["espeak-ng", "-v", VOICE, "-s", str(WPM), "-w", str(raw), text],
-                       check=True, capture_output=True)
-        subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
-                       check=True, capture_output=True)
-        raw.unlink()
+        espeak_wav(text, out)
     return read_wav(out)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.audio import RATE, SENTENCES, cache_dir, read_wav, silence
+from bench.audio import RATE, SENTENCES, cache_dir, espeak_wav, read_wav, silence
 
 #: sentences of the accuracy corpus: the live clips' 24 plus these
 EXTRA = (
@@ -69,12 +69,7 @@ def speak(text: str, voice: str, wpm: int, root: Path) -> bytes:
     digest = hashlib.sha1(f"{text}|{voice}|{wpm}".encode()).hexdigest()[:16]
     out = cache_dir(root) / f"c-{digest}.wav"
     if not out.exists():
-        raw = out.with_suffix(".espeak.wav")
-        subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text],
-                       check=True, capture_output=True)
-        subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
-                       check=True, capture_output=True)
-        raw.unlink()
+        espeak_wav(text, out, voice=voice, wpm=wpm)
     return read_wav(out)
 
 

@@ -9,32 +9,28 @@ speech repeated to length, so the decoder generates real text.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 import time
-import wave
 from pathlib import Path
 
 import numpy as np
 
+from bench.audio import espeak_wav, read_wav
 from engines.base import StepProfile
 from engines.whisper import RATE, Job, WhisperEngine, as_float
 from lanegate.settings import Settings
 from lanes.cost import CostModel
 
+ESPEAK_DEFAULT_WPM = 175  # what this bench measured with (espeak-ng's own default)
 TEXT = "there is a lot of traffic on the road this morning. we have a lot of work to do"
 SECONDS = (3, 6, 10, 16, 25)
 BATCHES = (1, 2, 4)
 
 
 def speech(seconds: float, tmp: Path) -> np.ndarray:
-    out, raw = tmp / "s.wav", tmp / "s.raw.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(raw), TEXT], check=True)
-    subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
-                   check=True)
-    with wave.open(str(out)) as w:
-        one = as_float(w.readframes(w.getnframes()))
+    one = as_float(read_wav(espeak_wav(TEXT, tmp / "s.wav", voice="en-us",
+                                       wpm=ESPEAK_DEFAULT_WPM)))
     reps = int(np.ceil(seconds * RATE / len(one)))
     return np.tile(one, reps)[: int(seconds * RATE)]
 

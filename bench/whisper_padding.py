@@ -9,15 +9,14 @@ Prints one Markdown table (docs/ARCHITECTURE.md quotes it).
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import tempfile
 import time
-import wave
 from pathlib import Path
 
 import numpy as np
 
+from bench.audio import espeak_wav, read_wav
 from engines.whisper import MAX_FRAMES, RATE, Job, WhisperEngine, as_float
 from lanegate.settings import Settings
 
@@ -34,12 +33,7 @@ PADS_S = (0.0, 0.5, 1.0, 2.0, 3.0, None)  # None: padded to Whisper's 30 s windo
 
 
 def speak(text: str, voice: str, wpm: int, out: Path) -> bytes:
-    raw = out.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(raw), text], check=True)
-    subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
-                   check=True)
-    with wave.open(str(out)) as w:
-        return bytes(w.readframes(w.getnframes()))
+    return read_wav(espeak_wav(text, out, voice=voice, wpm=wpm))
 
 
 def norm(text: str) -> list[str]:
