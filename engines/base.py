@@ -126,7 +126,9 @@ class EngineStream(Protocol):
 class Engine(Protocol):
     name: str
     sample_rate: int
-    slots_total: int
+
+    @property
+    def slots_total(self) -> int: ...
 
     def slots_free(self) -> int: ...
 

@@ -123,7 +123,6 @@ class SimulatedEngine:
     sample_rate = ENGINE_SAMPLE_RATE
 
     def __init__(self, settings: Settings, *, slots: int) -> None:
-        self.slots_total = slots
         self.slots = Slots(slots, "simulated")
         self._fixed_s = settings.sim_step_fixed_ms / 1000
         self._frame_s = settings.sim_prefill_frame_ms / 1000
@@ -131,6 +130,10 @@ class SimulatedEngine:
         self._busy = settings.sim_busy_wait
         self._fail_on = settings.sim_fail_on
         self._fail_exit = settings.sim_fail_exit
+
+    @property
+    def slots_total(self) -> int:
+        return self.slots.total
 
     def slots_free(self) -> int:
         return self.slots.free

@@ -284,7 +284,6 @@ class WhisperEngine:
     sample_rate = ENGINE_SAMPLE_RATE
 
     def __init__(self, settings: Settings, *, slots: int) -> None:
-        self.slots_total = slots
         self.slots = Slots(slots, "whisper")
         self.model_dir = models.resolve(settings.whisper_model, settings.data_path)
         self.device = resolve_device(settings.device)
@@ -318,6 +317,10 @@ class WhisperEngine:
         self._profile = None
 
     # --- slots ----------------------------------------------------------------------
+    @property
+    def slots_total(self) -> int:
+        return self.slots.total
+
     def slots_free(self) -> int:
         return self.slots.free
 
