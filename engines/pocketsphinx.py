@@ -113,8 +113,9 @@ class PocketsphinxStream:
         check_pcm(pcm)
         self._held += pcm
         whole = len(self._held) - len(self._held) % FEED_BLOCK_BYTES
-        for off in range(0, whole, FEED_BLOCK_BYTES):
-            self.decoder.process_raw(bytes(self._held[off:off + FEED_BLOCK_BYTES]), False, False)
+        with memoryview(self._held) as held:  # no copy per block; released before the del
+            for off in range(0, whole, FEED_BLOCK_BYTES):
+                self.decoder.process_raw(held[off:off + FEED_BLOCK_BYTES], False, False)
         del self._held[:whole]
         return Hypothesis(partial_text(self.decoder), language=LANGUAGE)
 
@@ -125,7 +126,7 @@ class PocketsphinxStream:
         if not self._in_utt:
             return Hypothesis("", language=LANGUAGE)
         if self._held:
-            self.decoder.process_raw(bytes(self._held), False, False)
+            self.decoder.process_raw(self._held, False, False)
             self._held.clear()
         self.decoder.end_utt()
         self._in_utt = False
