@@ -224,8 +224,9 @@ class SteadyCpu:
     """The gateway's CPU over the steady part of a window (``steady_window``, within its
     margins), sampled from /proc at its two ends while the load runs."""
 
-    def __init__(self, stack: Stack, specs: list[StreamSpec]) -> None:
+    def __init__(self, stack: Stack, specs: list[StreamSpec], server: str = "gateway") -> None:
         self._stack = stack
+        self._server = server
         start, end = steady_window(specs)
         self._span = (start + STEADY_AFTER_START_S, end - STEADY_BEFORE_END_S)
         self.streams = sum(1 for s in specs if s.kind == "live")
@@ -239,7 +240,7 @@ class SteadyCpu:
     async def _sample(self, t0_wall: float) -> None:
         for offset in self._span:
             await asyncio.sleep(max(0.0, t0_wall + offset - time.time()))
-            cpu = self._stack.cpu_seconds().get("gateway")
+            cpu = self._stack.cpu_seconds().get(self._server)
             if cpu is None:
                 return
             self.samples.append((time.monotonic(), cpu))
@@ -258,14 +259,17 @@ class SteadyCpu:
 
 
 async def window(stack: Stack, name: str, specs: list[StreamSpec], workdir: Path,
-                 duration_s: float, *, count_instructions: bool = False) -> dict[str, Any]:
+                 duration_s: float, *, count_instructions: bool = False,
+                 server: str = "gateway") -> dict[str, Any]:
     """One measured window: scrape, load, scrape; client and server figures together.
-    ``count_instructions``: the gateway's instructions over the window (``perf stat``)."""
+    ``count_instructions``: the gateway's instructions over the window (``perf stat``).
+    ``server``: the child the load talks to, whose CPU the ``gateway_*`` figures are
+    (``floor``: ``bench.floor``'s bare server)."""
     before = await scrape(stack)
-    perf = PerfCounter(stack.pid("gateway")) if count_instructions else None
+    perf = PerfCounter(stack.pid(server)) if count_instructions else None
     cpu0, wait0, t0 = stack.cpu_seconds(), stack.runqueue_wait_seconds(), time.monotonic()
     machine0 = cpu_times()
-    steady = SteadyCpu(stack, specs)
+    steady = SteadyCpu(stack, specs, server)
     results, load_cpu = await run_load(specs, workdir, name, timeout_s=duration_s + 180,
                                        on_start=steady.start)
     cpu1, wait1, t1 = stack.cpu_seconds(), stack.runqueue_wait_seconds(), time.monotonic()
@@ -281,7 +285,7 @@ async def window(stack: Stack, name: str, specs: list[StreamSpec], workdir: Path
                               for name in wait1 if name in wait0}
     out["load_avg_after"] = list(os.getloadavg())
     out["machine_cpu"] = machine
-    out["gateway_cpu_s"] = out["cpu_s"].get("gateway")
+    out["gateway_cpu_s"] = out["cpu_s"].get(server)
     out["gateway_steady"] = steady.result()
     if count_instructions:
         out["gateway_instructions"] = instructions

@@ -244,9 +244,19 @@ class Bench:
         workers: the gateway's CPU per stream-second and the latency it adds."""
         count = bool(self.results.get("perf", {}).get("supported"))
         async with self.stack(free_plan(self.o)) as stack:
+            floor = await stack.start_floor()
             self.record(stack)
             for n in self.o.scale_streams:
                 await self.gateway_vs_direct(stack, w, n, count)
+                await self.floor(stack, floor, w, n)
+
+    async def floor(self, stack: Stack, url: str, w: Windows, n: int) -> None:
+        """The same streams on ``bench.floor``'s bare aiohttp server: the gateway's
+        event loop and WebSocket stack with nothing relayed."""
+        d = self.o.scale_duration_s
+        specs = live_specs(stream_url(url), n, d, self.live_pcm(), ramp_s=n / SCALE_RAMP_PER_S)
+        w[f"s5_{n}_floor"] = await window(stack, f"s5-{n}-floor", specs, self.work, d,
+                                          server="floor")
 
     async def gateway_vs_direct(self, stack: Stack, w: Windows, n: int, count: bool) -> None:
         live = self.live_pcm()

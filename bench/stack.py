@@ -64,6 +64,16 @@ def cpu_seconds(child: Child) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+async def listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
 class StackError(RuntimeError):
     pass
 
@@ -166,6 +176,15 @@ class Stack:
         await self.wait_for(self.workers_up, "workers in the registry", 120)
         await self.wait_for(self.gateway_ready, "gateway /readyz", 60)
 
+    async def start_floor(self) -> str:
+        """``bench.floor``'s bare server beside the stack, on the gateway's CPUs (child
+        ``floor``); its URL."""
+        port = free_port()
+        self.spawn("floor", [*pin(self.plan.gateway_cpus), sys.executable, "-m",
+                             "bench.floor", "--port", str(port)], {}, stop_order=0)
+        await self.wait_for(lambda: listening(port), "bench.floor", 30)
+        return f"http://127.0.0.1:{port}"
+
     async def redis_up(self) -> bool:
         assert self.redis is not None
         try:
@@ -234,5 +253,6 @@ class Stack:
                                "env": {k: v for k, v in sorted(c.env.items())
                                        if k.startswith("LANEGATE_")},
                                "settings": (dataclasses.asdict(Settings.from_env(c.env))
-                                            if c.name != "redis" else None)}
+                                            if c.name not in ("redis", "floor")
+                                            else None)}
                               for c in self.children]}

@@ -117,6 +117,17 @@ def test_a_carried_streams_cost_is_the_steady_part_and_setup_is_per_session() ->
     assert g["setup_cpu_ms_per_session"] == pytest.approx(1000 * 0.02 / 4)
 
 
+def test_the_gateway_is_set_against_the_bare_servers_floor_of_the_same_round() -> None:
+    window = _gateway_round(20.0, 13.0, 0.08)
+    window["s5_200_floor"] = {**_window(5.0), "gateway_steady": {"cpu_s_per_stream_s": 0.0002}}
+    g = gateway_round(window, 200)
+    assert g["floor_cpu_s_per_stream_s"] == pytest.approx(0.0002)
+    assert g["gateway_over_floor"] == pytest.approx(2.0)  # 0.0004 over 0.0002
+    assert gateway_round(_gateway_round(20.0, 13.0, 0.08), 200)["gateway_over_floor"] is None
+    v = verdict_s5([window] * 3, 0.1, [200], 200)
+    assert v["figures"]["floor_cpu_s_per_stream_s"]["median"] == pytest.approx(0.0002)
+
+
 def test_added_latency_is_not_judged_where_the_baseline_itself_misses() -> None:
     rounds = [_gateway_round(800.0, 1400.0, 0.08)] * 3
     v = verdict_s5(rounds, 0.1, [200], 200)
