@@ -7,7 +7,8 @@ relaying nothing, parsing nothing beyond the frames, keeping no state but a coun
 It speaks just enough of ``/v1/stream`` for ``bench.load``: ``ready`` first, a
 ``partial`` every ``PARTIAL_EVERY_FRAMES`` audio frames and a ``final`` every
 ``FINAL_EVERY_FRAMES`` (2.2 events per stream-second at 100 ms frames: the rate the
-gateway sends with partials only on change), ``done`` after ``end``. Scenario 5 measures
+gateway sends with partials only on change), ``done`` after ``end``; with ``--quiet``
+only ``ready`` and ``done`` (what the frames cost alone). Scenario 5 measures
 it in the same rounds as the gateway: what the gateway costs per stream-second beyond
 this is the relay itself (the link, the timeline, the replay buffer, the events' mapping).
 """
@@ -24,6 +25,7 @@ from lanegate.loops import use_event_loop
 PARTIAL_EVERY_FRAMES = 5
 FINAL_EVERY_FRAMES = 50
 BYTES_PER_MS = 32  # 16 kHz s16le: the load's rate
+QUIET = web.AppKey("quiet", bool)
 
 
 def event(kind: str, audio_ms: int) -> str:
@@ -33,6 +35,7 @@ def event(kind: str, audio_ms: int) -> str:
 
 
 async def stream(request: web.Request) -> web.WebSocketResponse:
+    quiet = request.app[QUIET]
     ws = web.WebSocketResponse(max_msg_size=1 << 22)
     await ws.prepare(request)
     await ws.send_str(json.dumps({"type": "ready", "lane": "floor"}))
@@ -41,6 +44,8 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
         if msg.type is WSMsgType.BINARY:
             frames += 1
             audio_ms += len(msg.data) // BYTES_PER_MS
+            if quiet:
+                continue
             if frames % FINAL_EVERY_FRAMES == 0:
                 await ws.send_str(event("final", audio_ms))
             elif frames % PARTIAL_EVERY_FRAMES == 0:
@@ -52,8 +57,10 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-def make_app() -> web.Application:
+def make_app(*, quiet: bool = False) -> web.Application:
+    """``quiet``: no partials or finals (the frames' cost alone)."""
     app = web.Application()
+    app[QUIET] = quiet
     app.router.add_get("/v1/stream", stream)
     return app
 
@@ -61,9 +68,10 @@ def make_app() -> web.Application:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.floor")
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--quiet", action="store_true", help="send no partials or finals")
     a = p.parse_args()
     use_event_loop("uvloop")  # the gateway's loop (setting event_loop, default uvloop)
-    web.run_app(make_app(), host="127.0.0.1", port=a.port, print=None, access_log=None)
+    web.run_app(make_app(quiet=a.quiet), host="127.0.0.1", port=a.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":

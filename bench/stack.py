@@ -176,12 +176,12 @@ class Stack:
         await self.wait_for(self.workers_up, "workers in the registry", 120)
         await self.wait_for(self.gateway_ready, "gateway /readyz", 60)
 
-    async def start_floor(self) -> str:
-        """``bench.floor``'s bare server beside the stack, on the gateway's CPUs (child
-        ``floor``); its URL."""
+    async def start_floor(self, name: str = "floor", *args: str) -> str:
+        """``bench.floor``'s bare server (with ``args``) beside the stack, on the
+        gateway's CPUs, as child ``name``; its URL."""
         port = free_port()
-        self.spawn("floor", [*pin(self.plan.gateway_cpus), sys.executable, "-m",
-                             "bench.floor", "--port", str(port)], {}, stop_order=0)
+        self.spawn(name, [*pin(self.plan.gateway_cpus), sys.executable, "-m",
+                          "bench.floor", "--port", str(port), *args], {}, stop_order=0)
         await self.wait_for(lambda: listening(port), "bench.floor", 30)
         return f"http://127.0.0.1:{port}"
 
@@ -253,6 +253,7 @@ class Stack:
                                "env": {k: v for k, v in sorted(c.env.items())
                                        if k.startswith("LANEGATE_")},
                                "settings": (dataclasses.asdict(Settings.from_env(c.env))
-                                            if c.name not in ("redis", "floor")
+                                            if c.name != "redis"
+                                            and not c.name.startswith("floor")
                                             else None)}
                               for c in self.children]}

@@ -6,9 +6,12 @@ No stack is started: these are the rules a reader of BENCHMARKS.md trusts.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.attribution import costs
+from bench.attribution import summarize as summarize_attribution
 from bench.machine import parse_perf_csv, parse_proc_stat, steal
 from bench.measure import messages
 from bench.report import gateway_round, upgrade, verdict_s1, verdict_s5
@@ -236,3 +239,21 @@ def test_a_rerender_keeps_the_sections_other_commands_own(tmp_path: Path) -> Non
     assert "whisper" in rerendered
     assert "soak v2" in rerendered
     assert kept("# nothing owned\n") == ""
+
+
+def _server(cpu: float, events: float) -> dict[str, Any]:
+    return {"cpu_s_per_stream_s": cpu, "frames_per_stream_s": 10.0,
+            "events_per_stream_s": events, "errors": {}}
+
+
+def test_attribution_splits_each_servers_cost_into_frames_and_events() -> None:
+    rnd = {"gateway": _server(0.0007, 2.3), "gateway_quiet": _server(0.0005, 0.3),
+           "floor": _server(0.0003, 2.1), "floor_quiet": _server(0.00025, 0.1)}
+    assert costs(rnd, "gateway") == {"us_per_frame": 50.0, "us_per_event": 100.0}
+    assert costs(rnd, "floor") == {"us_per_frame": 25.0, "us_per_event": 25.0}
+    slow = {k: _server(2 * v["cpu_s_per_stream_s"], v["events_per_stream_s"])
+            for k, v in rnd.items()}
+    s = summarize_attribution([rnd, slow, rnd])
+    assert s["gateway_us_per_frame"]["median"] == 50.0
+    assert s["gateway_us_per_frame"]["rounds"] == [50.0, 100.0, 50.0]
+    assert s["floor_quiet_cpu_s_per_stream_s"]["median"] == pytest.approx(0.00025)
