@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench import plots, report, sections, soak, whisper_bench, whisper_report
 from bench.run import ALL_SCENARIOS, Options, run
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-render BENCHMARKS.md and plots from results.json")
     rep.add_argument("results", type=Path)
     rep.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
+    rep.add_argument("--unstable-margin", type=float, default=None,
+                     help="judge again with this margin instead of the run's ('inf': "
+                          "rounds that disagree are always unstable)")
     return p
 
 
@@ -175,17 +179,24 @@ def main(argv: list[str] | None = None) -> int:
         return soak_main(args)
     if args.command == "report":
         doc = report.upgrade(json.loads(args.results.read_text()))
+        if args.unstable_margin is not None:
+            doc["options"]["unstable_margin"] = args.unstable_margin
         doc["verdicts"] = report.verdicts(doc)  # judged by today's rules
         render(doc, args.results.parent, args.markdown)
+        print_verdicts(doc)
         return 0
     fields = {k: v for k, v in vars(args).items() if k not in ("command", "markdown")}
     doc = run(Options(**fields))
     render(doc, args.out, args.markdown)
+    print_verdicts(doc)
+    return 0
+
+
+def print_verdicts(doc: dict[str, Any]) -> None:
     for key, v in doc["verdicts"].items():
         checks = "; ".join(f"{c['check']} {c.get('median', '')} {c['verdict']}"
                            for c in v["checks"])
         print(f"{key}: {v['verdict'].upper()}: {checks}")
-    return 0
 
 
 if __name__ == "__main__":

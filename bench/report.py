@@ -309,11 +309,8 @@ METHOD = (
     "sample its moments. Each figure a target names is taken per round (a ratio from "
     "that round's own pair) and reported as the median of the rounds with the min and "
     "max beside it. A check is **met** when every round meets its limit and **missed** "
-    "when no round does. When the rounds disagree, the median decides if it lies beyond "
-    "the limit by more than a margin of {margin:.0%} of the limit (for a share that must "
-    "reach L, {margin:.0%} of 1 − L; `--unstable-margin`): met or missed; within that "
-    "margin the check is **unstable**, and so is a yes/no check (every stream served) "
-    "that some rounds pass and others fail. A scenario is missed if any of its checks "
+    "when no round does. {disagree} A yes/no check (every stream served) that some "
+    "rounds pass and others fail is **unstable**. A scenario is missed if any of its checks "
     "is missed, else unstable if any is unstable, else met; a round without the figure "
     "(no partial arrived) is left out of that check. Every round records the "
     "machine's speed: a fixed pure-Python loop (`for i in range({loop:_}): s += i * i`, "
@@ -321,6 +318,17 @@ METHOD = (
     "CPU time the hypervisor stole over it (`/proc/stat`), shown in the Rounds table "
     "beside that round's figures; every round's raw figures are in `results.json` "
     "(`results.rounds`).")
+
+
+def disagreement_rule(margin: float) -> str:
+    """The method paragraph's sentence on rounds that disagree, for this margin."""
+    if math.isinf(margin):
+        return ("When the rounds disagree, the check is **unstable** "
+                "(`--unstable-margin inf`).")
+    return (f"When the rounds disagree, the median decides if it lies beyond the limit by "
+            f"more than a margin of {margin:.0%} of the limit (for a share that must reach "
+            f"L, {margin:.0%} of 1 − L; `--unstable-margin`): met or missed; within that "
+            f"margin the check is **unstable**.")
 
 
 def _f(v: Any, digits: int = 1) -> str:
@@ -570,7 +578,8 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         "`pocketsphinx` for scenarios 1-3, `simulated` for 4-5, named in every stack's "
         "`LANEGATE_ENGINE`.",
         "",
-        METHOD.format(margin=float(o.get("unstable_margin", UNSTABLE_MARGIN)),
+        METHOD.format(disagree=disagreement_rule(float(o.get("unstable_margin",
+                                                             UNSTABLE_MARGIN))),
                       loop=PROBE_LOOP),
         "",
         "## Targets",

@@ -5,6 +5,7 @@ No stack is started: these are the rules a reader of BENCHMARKS.md trusts.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from bench.attribution import costs
 from bench.attribution import summarize as summarize_attribution
 from bench.machine import parse_perf_csv, parse_proc_stat, steal
 from bench.measure import messages
-from bench.report import gateway_round, upgrade, verdict_s1, verdict_s5
+from bench.report import disagreement_rule, gateway_round, upgrade, verdict_s1, verdict_s5
 from bench.sections import SOAK, WHISPER, kept
 from bench.soak import Sample, latency_by_window
 from bench.soak import judge as soak_judge
@@ -257,3 +258,12 @@ def test_attribution_splits_each_servers_cost_into_frames_and_events() -> None:
     assert s["gateway_us_per_frame"]["median"] == 50.0
     assert s["gateway_us_per_frame"]["rounds"] == [50.0, 100.0, 50.0]
     assert s["floor_quiet_cpu_s_per_stream_s"]["median"] == pytest.approx(0.00025)
+
+
+def test_an_infinite_margin_makes_every_disagreement_unstable() -> None:
+    assert judge(RATIO, [1.0, 1.05, 2.3], margin=math.inf)["verdict"] == "unstable"
+    assert judge(RATIO, [1.3, 1.4, 1.1], margin=math.inf)["verdict"] == "unstable"
+    assert judge(RATIO, [1.0, 1.05, 1.1], margin=math.inf)["verdict"] == "met"
+    assert "the median decides" in disagreement_rule(0.1)
+    assert "10%" in disagreement_rule(0.1)
+    assert "the median decides" not in disagreement_rule(math.inf)
