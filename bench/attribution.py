@@ -42,11 +42,11 @@ async def measure_round(bench: Bench, streams: int, duration_s: float) -> dict[s
         async with bench.stack(plan) as stack:
             floor = await stack.start_floor("floor", *(["--quiet"] if quiet else []))
             for server, url in (("gateway", stack.url), ("floor", floor)):
+                name = server + ("_quiet" if quiet else "")
                 specs = live_specs(stream_url(url), streams, duration_s, live,
                                    ramp_s=streams / SCALE_RAMP_PER_S)
-                w = await window(stack, f"{server}{'-quiet' if quiet else ''}", specs,
-                                 bench.work, duration_s, server=server)
-                out[f"{server}{'_quiet' if quiet else ''}"] = {
+                w = await window(stack, name, specs, bench.work, duration_s, server=server)
+                out[name] = {
                     "cpu_s_per_stream_s": (w["gateway_steady"] or {}).get("cpu_s_per_stream_s"),
                     "frames_per_stream_s": w["messages"]["sent_per_stream_s"],
                     "events_per_stream_s": w["messages"]["received_per_stream_s"],

@@ -20,11 +20,11 @@ import json
 
 from aiohttp import WSMsgType, web
 
+from bench.load import BYTES_PER_MS
 from lanegate.loops import use_event_loop
 
 PARTIAL_EVERY_FRAMES = 5
 FINAL_EVERY_FRAMES = 50
-BYTES_PER_MS = 32  # 16 kHz s16le: the load's rate
 QUIET = web.AppKey("quiet", bool)
 
 

@@ -221,8 +221,9 @@ def summarize(results: list[dict[str, Any]],
 
 
 class SteadyCpu:
-    """The gateway's CPU over the steady part of a window (``steady_window``, within its
-    margins), sampled from /proc at its two ends while the load runs."""
+    """The CPU of the child ``server`` (the gateway unless told) over the steady part of
+    a window (``steady_window``, within its margins), sampled from /proc at its two ends
+    while the load runs."""
 
     def __init__(self, stack: Stack, specs: list[StreamSpec], server: str = "gateway") -> None:
         self._stack = stack
