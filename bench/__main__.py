@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds of every design; verdicts on the median of the rounds")
     r.add_argument("--unstable-margin", type=float, default=d.unstable_margin,
                    help="share of a limit within which disagreeing rounds are 'unstable'")
-    for name in ("duration_s", "flood_job_s", "dump_s", "dump_every_s", "sim_duration_s",
-                 "sim_dump_s", "scale_duration_s", "vad_seconds"):
+    for name in ("duration_s", "s1_duration_s", "flood_job_s", "dump_s", "dump_every_s",
+                 "sim_duration_s", "sim_dump_s", "scale_duration_s", "vad_seconds"):
         r.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     for name in ("streams", "flood_jobs", "sim_streams", "scale_target_streams"):
         r.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))

@@ -1,9 +1,10 @@
 """Messages per stream-second: one short window of live streams on the simulated engine,
 counting the events each client receives and the gateway's CPU per stream-second.
 
-    python -m bench.messages --streams 120 --duration 20 [--set PARTIAL_INTERVAL_MS=200 ...]
+    python -m bench.messages --streams 120 --duration 20 [--plan free] [--set NAME=VALUE ...]
 
-The stack is scenario 4's (``run.sim_plan``, capped, no dump); each stream sends the
+The stack is scenario 4's (``run.sim_plan``, capped, no dump), or with ``--plan free``
+scenario 5's (``run.free_plan``: two workers whose steps cost nothing); each stream sends the
 same speech-like audio in 100 ms frames at real time. ``--set NAME=VALUE`` gives every
 process of the stack the setting ``LANEGATE_NAME`` (to compare a setting's cost in
 interleaved runs: the machine's speed wanders by a fifth between runs). Prints one
@@ -20,16 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import live_specs, stream_url, window
-from bench.run import Bench, Options, sim_plan
+from bench.run import Bench, Options, free_plan, sim_plan
+
+PLANS = ("cap", "free")
 
 
 async def measure(streams: int, duration_s: float, workdir: Path,
-                  settings: dict[str, str] | None = None) -> dict[str, Any]:
-    options = Options(workdir=workdir, sim_streams=streams, sim_duration_s=duration_s)
+                  settings: dict[str, str] | None = None, plan_name: str = "cap",
+                  ) -> dict[str, Any]:
+    options = Options(workdir=workdir, sim_streams=streams, sim_duration_s=duration_s,
+                      scale_streams=(streams,))
     bench = Bench(options)
     bench.work.mkdir(parents=True, exist_ok=True)
     live = bench.speech_pcm("live", 180, 1)
-    plan = sim_plan("sim-cap", options, cap=True)
+    plan = (free_plan(options) if plan_name == "free"
+            else sim_plan("sim-cap", options, cap=True))
     plan = dataclasses.replace(plan, env={**plan.env, **(settings or {})})
     async with bench.stack(plan) as stack:
         specs = live_specs(stream_url(stack.url), streams, duration_s, live, ramp_s=5.0)
@@ -52,10 +58,13 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=120)
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--workdir", type=Path, default=Path("bench/.work"))
+    p.add_argument("--plan", choices=PLANS, default="cap",
+                   help="cap: scenario 4's stack; free: scenario 5's")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    type=setting, help="a setting for every process (LANEGATE_NAME)")
     a = p.parse_args()
-    print(json.dumps(asyncio.run(measure(a.streams, a.duration, a.workdir, dict(a.set)))),
+    print(json.dumps(asyncio.run(measure(a.streams, a.duration, a.workdir, dict(a.set),
+                                        a.plan))),
           flush=True)
 
 

@@ -320,6 +320,15 @@ METHOD = (
     "(`results.rounds`).")
 
 
+def scale_placement(o: dict[str, Any]) -> str:
+    """Where scenario 5's processes ran: pinned since ``s1_duration_s`` came in (a results
+    file from before it had the gateway and the workers float over every CPU)."""
+    if "s1_duration_s" not in o:
+        return "scenario 5's gateway and workers not pinned"
+    return (f"for scenario 5 the gateway, the floor and redis on CPU {o['rt_cpus']} and both "
+            f"workers on CPU {o['batch_cpus']}")
+
+
 def disagreement_rule(margin: float) -> str:
     """The method paragraph's sentence on rounds that disagree, for this margin."""
     if math.isinf(margin):
@@ -570,11 +579,14 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         f"whole run {r.get('run_wall_s')} s.",
         "",
         f"{len(ws)} rounds. Windows: {o['duration_s']:.0f} s per pocketsphinx window "
-        f"({o['streams']} live streams), {o['sim_duration_s']:.0f} s with {o['sim_streams']} "
+        f"({o['streams']} live streams; scenario 1's alone and split windows "
+        f"{o.get('s1_duration_s', o['duration_s']):.0f} s), {o['sim_duration_s']:.0f} s with "
+        f"{o['sim_streams']} "
         f"simulated streams, {o['scale_duration_s']:.0f} s at each of "
         f"{', '.join(str(n) for n in scale_loads(doc))} streams for the gateway. Batch "
         f"flood: {o['flood_jobs']} async uploads of {o['flood_job_s']:.0f} s each. Realtime "
-        f"worker on CPU {o['rt_cpus']}, batch worker on CPU {o['batch_cpus']}. Engines: "
+        f"worker on CPU {o['rt_cpus']}, batch worker on CPU {o['batch_cpus']}; "
+        f"{scale_placement(o)}. Engines: "
         "`pocketsphinx` for scenarios 1-3, `simulated` for 4-5, named in every stack's "
         "`LANEGATE_ENGINE`.",
         "",
