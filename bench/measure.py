@@ -19,7 +19,7 @@ import numpy as np
 
 from bench.load import StreamSpec
 from bench.machine import PerfCounter, proc_stat
-from bench.stack import Stack
+from bench.stack import Stack, pin
 from bench.stats import Histogram, merge, parse_histograms, summary
 
 STREAMS_PER_LOAD_PROCESS = 128
@@ -60,9 +60,10 @@ def worker_session_url(worker_url: str) -> str:
 
 async def run_load(specs: list[StreamSpec], workdir: Path, name: str,
                    timeout_s: float, *, on_start: Callable[[float], None] | None = None,
-                   ) -> tuple[list[dict[str, Any]], float]:
+                   cpus: str = "") -> tuple[list[dict[str, Any]], float]:
     """Spread ``specs`` over load processes, start them together, collect their results.
-    ``on_start`` gets the wall-clock time the streams' ``start_s`` count from."""
+    ``on_start`` gets the wall-clock time the streams' ``start_s`` count from; ``cpus``
+    pins the load processes (``taskset`` list; "" = not pinned)."""
     nproc = max(1, math.ceil(len(specs) / STREAMS_PER_LOAD_PROCESS))
     t0_wall = time.time() + 1.5 + 0.2 * nproc
     if on_start is not None:
@@ -76,7 +77,7 @@ async def run_load(specs: list[StreamSpec], workdir: Path, name: str,
                                          "streams": [asdict(s) for s in specs[k::nproc]]}))
         out_path.unlink(missing_ok=True)  # a load process that dies must not leave an old one
         procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.load", str(spec_path), str(out_path)))
+            *pin(cpus), sys.executable, "-m", "bench.load", str(spec_path), str(out_path)))
         outs.append(out_path)
     try:
         await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), timeout_s)
@@ -272,7 +273,7 @@ async def window(stack: Stack, name: str, specs: list[StreamSpec], workdir: Path
     machine0 = cpu_times()
     steady = SteadyCpu(stack, specs, server)
     results, load_cpu = await run_load(specs, workdir, name, timeout_s=duration_s + 180,
-                                       on_start=steady.start)
+                                       on_start=steady.start, cpus=stack.plan.load_cpus)
     cpu1, wait1, t1 = stack.cpu_seconds(), stack.runqueue_wait_seconds(), time.monotonic()
     instructions = perf.stop() if perf is not None else None
     machine = cpu_usage(machine0, cpu_times())

@@ -45,6 +45,7 @@ class StackPlan:
     workers: list[WorkerPlan]
     gateway_cpus: str = ""  # taskset CPU list for the gateway; "" = not pinned
     redis_cpus: str = ""
+    load_cpus: str = ""  # the load clients' (``bench.measure.run_load``)
 
 
 def runqueue_wait_seconds(child: Child) -> float:
