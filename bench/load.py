@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import os
 import sys
 import time
 import uuid
@@ -279,6 +280,7 @@ def main(argv: list[str]) -> int:
     use_event_loop("uvloop")  # the clients must cost as little as the server they measure
     results = asyncio.run(run_all(specs, float(raw["t0_wall"]), cache))
     Path(out_path).write_text(json.dumps({"cpu_s": time.process_time(),
+                                          "cpus": sorted(os.sched_getaffinity(0)),
                                           "results": [asdict(r) for r in results]}))
     return 0
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from bench.load import StreamSpec
 from bench.machine import PerfCounter, proc_stat
-from bench.stack import Stack, pin
+from bench.stack import Stack, cpu_list, pin
 from bench.stats import Histogram, merge, parse_histograms, summary
 
 STREAMS_PER_LOAD_PROCESS = 128
@@ -92,6 +92,9 @@ async def run_load(specs: list[StreamSpec], workdir: Path, name: str,
         if not out.exists():
             raise RuntimeError(f"load process for {out.name} wrote nothing (it crashed)")
         doc = json.loads(out.read_text())
+        if cpus and doc.get("cpus") != cpu_list(cpus):
+            raise RuntimeError(f"load process for {out.name} ran on CPUs {doc.get('cpus')}, "
+                               f"not the planned {cpus}")
         results += doc["results"]
         cpu += doc["cpu_s"]
     return results, cpu

@@ -320,13 +320,15 @@ METHOD = (
     "(`results.rounds`).")
 
 
-def scale_placement(o: dict[str, Any]) -> str:
-    """Where scenario 5's processes ran: pinned since ``s1_duration_s`` came in (a results
-    file from before it had the gateway and the workers float over every CPU)."""
+def placement(o: dict[str, Any]) -> str:
+    """Where the load clients and scenario 5's processes ran: pinned since
+    ``s1_duration_s`` came in (in a results file from before it they float over every
+    CPU)."""
     if "s1_duration_s" not in o:
-        return "scenario 5's gateway and workers not pinned"
-    return (f"for scenario 5 the gateway, the floor and redis on CPU {o['rt_cpus']} and both "
-            f"workers on CPU {o['batch_cpus']}")
+        return "the load clients and scenario 5's gateway and workers not pinned"
+    return (f"the load clients of scenarios 1-3 on CPU {o['rt_cpus']}; for scenario 5 the "
+            f"gateway, the floor and redis on CPU {o['rt_cpus']}, both workers on CPU "
+            f"{o['batch_cpus']} and the load clients not pinned")
 
 
 def disagreement_rule(margin: float) -> str:
@@ -586,7 +588,7 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         f"{', '.join(str(n) for n in scale_loads(doc))} streams for the gateway. Batch "
         f"flood: {o['flood_jobs']} async uploads of {o['flood_job_s']:.0f} s each. Realtime "
         f"worker on CPU {o['rt_cpus']}, batch worker on CPU {o['batch_cpus']}; "
-        f"{scale_placement(o)}. Engines: "
+        f"{placement(o)}. Engines: "
         "`pocketsphinx` for scenarios 1-3, `simulated` for 4-5, named in every stack's "
         "`LANEGATE_ENGINE`.",
         "",

@@ -79,6 +79,15 @@ class StackError(RuntimeError):
     pass
 
 
+def cpu_list(cpus: str) -> list[int]:
+    """The CPUs of a ``taskset`` list ("0", "0-1", "0,2-3"), sorted."""
+    out: set[int] = set()
+    for part in cpus.split(","):
+        low, _, high = part.strip().partition("-")
+        out.update(range(int(low), int(high or low) + 1))
+    return sorted(out)
+
+
 def pin(cpus: str) -> list[str]:
     return ["taskset", "-c", cpus] if cpus else []
 
