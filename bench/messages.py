@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import enum
 import json
 from pathlib import Path
 from typing import Any
@@ -23,21 +24,24 @@ from typing import Any
 from bench.measure import live_specs, stream_url, window
 from bench.run import Bench, Options, free_plan, sim_plan
 
-PLANS = ("cap", "free")
+
+class Plan(enum.StrEnum):
+    CAP = "cap"  # scenario 4's stack
+    FREE = "free"  # scenario 5's
 
 
 async def measure(streams: int, duration_s: float, workdir: Path,
-                  settings: dict[str, str] | None = None, plan_name: str = "cap",
+                  settings: dict[str, str] | None = None, plan: Plan = Plan.CAP,
                   ) -> dict[str, Any]:
     options = Options(workdir=workdir, sim_streams=streams, sim_duration_s=duration_s,
                       scale_streams=(streams,))
     bench = Bench(options)
     bench.work.mkdir(parents=True, exist_ok=True)
     live = bench.speech_pcm("live", 180, 1)
-    plan = (free_plan(options) if plan_name == "free"
-            else sim_plan("sim-cap", options, cap=True))
-    plan = dataclasses.replace(plan, env={**plan.env, **(settings or {})})
-    async with bench.stack(plan) as stack:
+    stack_plan = (free_plan(options) if plan is Plan.FREE
+                  else sim_plan("sim-cap", options, cap=True))
+    stack_plan = dataclasses.replace(stack_plan, env={**stack_plan.env, **(settings or {})})
+    async with bench.stack(stack_plan) as stack:
         specs = live_specs(stream_url(stack.url), streams, duration_s, live, ramp_s=5.0)
         out = await window(stack, "messages", specs, bench.work, duration_s)
     stream_s = out["audio_s_sent"]
@@ -58,7 +62,7 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=120)
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--workdir", type=Path, default=Path("bench/.work"))
-    p.add_argument("--plan", choices=PLANS, default="cap",
+    p.add_argument("--plan", type=Plan, choices=list(Plan), default=Plan.CAP,
                    help="cap: scenario 4's stack; free: scenario 5's")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    type=setting, help="a setting for every process (LANEGATE_NAME)")

@@ -150,6 +150,22 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
+@pytest_asyncio.fixture
+async def floor_url() -> AsyncIterator[str]:
+    """``bench.floor``'s bare /v1/stream server on a free loopback port, for the bench's
+    load client."""
+    from aiohttp import web
+
+    from bench.floor import make_app
+
+    runner = web.AppRunner(make_app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"ws://127.0.0.1:{port}/v1/stream"
+    await runner.cleanup()
+
+
 @pytest.fixture(scope="session")
 def whisper_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data dir whose bundled Whisper base is assembled (once per test session)."""
