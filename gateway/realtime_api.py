@@ -111,8 +111,9 @@ class RealtimeSession(StreamSession):
                                   settings=self.settings, started=self.started,
                                   reopen=reopen)
             self.lane, self.log, self.relay = relay.lane, relay.log, relay
-            self.log_end(relay, await relay.run_from(first))
+            await relay.run_from(first)
         finally:
+            self.log_end()
             if self.worker is not None:
                 await self.worker.close()
 
@@ -209,8 +210,7 @@ class RealtimeRelay(Relay):
         """Handle the client event that ended the configuration, then relay."""
         failure = await self.on_text(first)
         if failure is not None:
-            await self.conclude(failure)
-            return failure
+            return await self.end(failure)
         return await self.run()
 
     # --- client -> worker ------------------------------------------------------------

@@ -229,6 +229,7 @@ class Relay:
         self.last_partial_ms = -1.0
         self.lost_at: dict[str, float] = {}  # worker id -> when this stream lost it
         self.failovers = 0
+        self.outcome: Outcome | None = None  # how it ended; set before the client is told
         # stream offsets of the client's commits (OpenAI Realtime API) that no final has
         # answered yet: a failover repeats them, each after the same audio
         self.commits: deque[int] = deque()
@@ -252,12 +253,18 @@ class Relay:
                 client.cancel()  # no more reads once the client side has an outcome
                 if isinstance(outcome, Failure) and outcome.graceful:
                     outcome = await self._finish_gracefully(worker, outcome)
-            await self.conclude(outcome)
-            return outcome
+            return await self.end(outcome)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def end(self, outcome: Outcome) -> Outcome:
+        """Record how the session ended, then tell the client (``conclude``). Recorded
+        first: a client that hangs up right after the close cancels the rest."""
+        self.outcome = outcome
+        await self.conclude(outcome)
+        return outcome
 
     async def end_audio(self) -> None:
         """Tell the worker no more audio comes (once); it then sends its last finals.

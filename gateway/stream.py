@@ -26,7 +26,7 @@ from gateway.auth import ANONYMOUS, authenticate, lease_member, lease_subject
 from gateway.errors import json_error
 from gateway.intake import UploadError
 from gateway.params import parse_language, parse_sample_rate
-from gateway.relay import Failure, Outcome, Relay
+from gateway.relay import Failure, Relay
 from gateway.state import LEASES, SETTINGS, SOCKETS, STREAMS
 from gateway.workers_client import (
     NoWorkers,
@@ -74,6 +74,7 @@ class StreamSession:
         self.reopens = 0
         self.lane = "realtime"
         self.relay: Relay | None = None  # set while relaying
+        self.end_logged = False  # ``stream_end`` is in the log
         self.lease_tenant: str | None = None  # the API key whose session lease is held
         self.shutting_down = False
         self.started = time.monotonic()
@@ -174,8 +175,9 @@ class StreamSession:
                 return
             self.log.info("stream_start", sample_rate=sample_rate, language=language,
                           tenant=tenant)
-            self.log_end(relay, await relay.run())
+            await relay.run()
         finally:
+            self.log_end()
             await relay.worker.close()
 
     async def _worker_session(self, sample_rate: int, language: str,
@@ -196,7 +198,14 @@ class StreamSession:
             await self.reject(Failure("overloaded", "service unavailable; try again later"))
         return None
 
-    def log_end(self, relay: Relay, outcome: Outcome) -> None:
+    def log_end(self) -> None:
+        """``stream_end`` with the relay's outcome, once it has one: also when the client
+        hung up right after the close and so cancelled the rest of the session."""
+        relay = self.relay
+        outcome = relay.outcome if relay is not None else None
+        if relay is None or outcome is None:
+            return
+        self.end_logged = True
         fields: dict[str, Any] = {
             "duration_s": round(time.monotonic() - self.started, 3),
             "audio_s": round(relay.timeline.audio_ms / 1000.0, 3),
@@ -235,7 +244,8 @@ async def run_socket(request: web.Request, session: StreamSession) -> web.WebSoc
     try:
         await session.run()
     except asyncio.CancelledError:  # the client's connection dropped (handler_cancellation)
-        session.log.info("stream_end", outcome="client_gone", reason="connection lost")
+        if not session.end_logged:
+            session.log.info("stream_end", outcome="client_gone", reason="connection lost")
         raise
     except Exception:
         session.log.exception("stream_internal_error")

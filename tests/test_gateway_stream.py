@@ -127,6 +127,20 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return total
 
 
+def stream_end_of(stack: Stack, session_id: str) -> dict[str, Any]:
+    """The gateway's one ``stream_end`` log record of ``session_id`` (waits for it)."""
+    deadline = time.monotonic() + EVENT_WAIT_S
+    while time.monotonic() < deadline:
+        text = (stack.workdir / "gateway.log").read_text(errors="replace")
+        ends = [record for line in text.splitlines() if session_id in line
+                and (record := json.loads(line)).get("event") == "stream_end"]
+        if ends:
+            assert len(ends) == 1, ends
+            return ends[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no stream_end logged for {session_id}")
+
+
 def get(url: str) -> tuple[int, dict[str, Any] | str, dict[str, str]]:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -188,6 +202,10 @@ async def test_speech_streams_partials_while_sending_and_finals_with_the_words(
     for final in run.of("final"):
         assert {"segment", "text", "start_ms", "end_ms", "cut"} <= final.keys()
         assert final["cut"] in ("endpoint", "max_window", "end")
+    # the operator's log says how it ended, though the client hung up right after the close
+    end = await asyncio.to_thread(stream_end_of, stack, ready["session_id"])
+    assert end["outcome"] == "done", end
+    assert end["audio_s"] == pytest.approx(audio_ms / 1000, abs=0.01)
 
 
 async def test_two_concurrent_sessions_get_their_own_text(
