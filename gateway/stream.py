@@ -74,7 +74,6 @@ class StreamSession:
         self.reopens = 0
         self.lane = "realtime"
         self.relay: Relay | None = None  # set while relaying
-        self.end_logged = False  # ``stream_end`` is in the log
         self.lease_tenant: str | None = None  # the API key whose session lease is held
         self.shutting_down = False
         self.started = time.monotonic()
@@ -202,10 +201,9 @@ class StreamSession:
         """``stream_end`` with the relay's outcome, once it has one: also when the client
         hung up right after the close and so cancelled the rest of the session."""
         relay = self.relay
-        outcome = relay.outcome if relay is not None else None
-        if relay is None or outcome is None:
+        if relay is None or relay.outcome is None:
             return
-        self.end_logged = True
+        outcome = relay.outcome
         fields: dict[str, Any] = {
             "duration_s": round(time.monotonic() - self.started, 3),
             "audio_s": round(relay.timeline.audio_ms / 1000.0, 3),
@@ -244,7 +242,7 @@ async def run_socket(request: web.Request, session: StreamSession) -> web.WebSoc
     try:
         await session.run()
     except asyncio.CancelledError:  # the client's connection dropped (handler_cancellation)
-        if not session.end_logged:
+        if session.relay is None or session.relay.outcome is None:  # else log_end did
             session.log.info("stream_end", outcome="client_gone", reason="connection lost")
         raise
     except Exception:
