@@ -26,7 +26,7 @@ from gateway.auth import ANONYMOUS, authenticate, lease_member, lease_subject
 from gateway.errors import json_error
 from gateway.intake import UploadError
 from gateway.params import parse_language, parse_sample_rate
-from gateway.relay import Failure, Relay
+from gateway.relay import Failure, Outcome, Relay
 from gateway.state import LEASES, SETTINGS, SOCKETS, STREAMS
 from gateway.workers_client import (
     NoWorkers,
@@ -197,13 +197,17 @@ class StreamSession:
             await self.reject(Failure("overloaded", "service unavailable; try again later"))
         return None
 
+    @property
+    def outcome(self) -> Outcome | None:
+        """How the relay ended; None before it has (or when it never began)."""
+        return None if self.relay is None else self.relay.outcome
+
     def log_end(self) -> None:
         """``stream_end`` with the relay's outcome, once it has one: also when the client
         hung up right after the close and so cancelled the rest of the session."""
-        relay = self.relay
-        if relay is None or relay.outcome is None:
+        relay, outcome = self.relay, self.outcome
+        if relay is None or outcome is None:
             return
-        outcome = relay.outcome
         fields: dict[str, Any] = {
             "duration_s": round(time.monotonic() - self.started, 3),
             "audio_s": round(relay.timeline.audio_ms / 1000.0, 3),
@@ -242,7 +246,7 @@ async def run_socket(request: web.Request, session: StreamSession) -> web.WebSoc
     try:
         await session.run()
     except asyncio.CancelledError:  # the client's connection dropped (handler_cancellation)
-        if session.relay is None or session.relay.outcome is None:  # else log_end did
+        if session.outcome is None:  # else log_end did
             session.log.info("stream_end", outcome="client_gone", reason="connection lost")
         raise
     except Exception:
