@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds of every design; verdicts on the median of the rounds")
     r.add_argument("--unstable-margin", type=float, default=d.unstable_margin,
                    help="share of a limit within which disagreeing rounds are 'unstable'")
+    r.add_argument("--unstable-z", type=float, default=d.unstable_z,
+                   help="standard errors of the median within which disagreeing rounds "
+                        "are 'unstable' (0: the margin alone decides)")
     for name in ("duration_s", "s1_duration_s", "flood_job_s", "dump_s", "dump_every_s",
                  "sim_duration_s", "sim_dump_s", "scale_duration_s", "vad_seconds"):
         r.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
@@ -87,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--unstable-margin", type=float, default=None,
                      help="judge again with this margin instead of the run's ('inf': "
                           "rounds that disagree are always unstable)")
+    rep.add_argument("--unstable-z", type=float, default=None,
+                     help="judge again with this many standard errors of the median "
+                          "instead of the run's (0: the margin alone decides)")
     return p
 
 
@@ -181,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = report.upgrade(json.loads(args.results.read_text()))
         if args.unstable_margin is not None:
             doc["options"]["unstable_margin"] = args.unstable_margin
+        if args.unstable_z is not None:
+            doc["options"]["unstable_z"] = args.unstable_z
         doc["verdicts"] = report.verdicts(doc)  # judged by today's rules
         render(doc, args.results.parent, args.markdown)
         print_verdicts(doc)

@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import PROBE_LOOP
-from bench.verdict import UNSTABLE_MARGIN, Check, combine, judge, judge_flags, ratio, spread
+from bench.verdict import (
+    UNSTABLE_MARGIN,
+    UNSTABLE_Z,
+    Check,
+    Rule,
+    combine,
+    judge,
+    judge_flags,
+    ratio,
+    spread,
+)
 
 PACKAGES = ("aiohttp", "redis", "pocketsphinx", "webrtcvad-wheels", "prometheus-client",
             "numpy", "soxr", "av", "structlog", "matplotlib", "lanegate")
@@ -114,13 +124,13 @@ def _verdict(target: str, checks: list[dict[str, Any]], figures: dict[str, Any],
             "checks": checks, "figures": figures, **extra}
 
 
-def verdict_s1(ws: list[Windows], margin: float) -> dict[str, Any]:
+def verdict_s1(ws: list[Windows], rule: Rule) -> dict[str, Any]:
     alone = [_p99(w, "s1_alone") for w in ws]
     split = [_p99(w, "s1_split") for w in ws]
     mixed = [_p99_any(w, "s1_mixed") for w in ws]
     checks = [judge(Check("split_over_alone", 1.25),
-                    [ratio(s, a) for s, a in zip(split, alone, strict=True)], margin),
-              judge(Check("split_p99_ms", RED_LINE_MS), split, margin),
+                    [ratio(s, a) for s, a in zip(split, alone, strict=True)], rule),
+              judge(Check("split_p99_ms", RED_LINE_MS), split, rule),
               judge_flags("every stream served (split)", [_served(w, "s1_split") for w in ws])]
     return _verdict("split partial p99 <= 1.25 x alone p99 (same round) and <= 300 ms",
                     checks, {"alone_p99_ms": spread(alone), "mixed_p99_ms": spread(mixed),
@@ -129,10 +139,10 @@ def verdict_s1(ws: list[Windows], margin: float) -> dict[str, Any]:
                     errors=_errors(ws, ("s1_alone", "s1_split", "s1_mixed")))
 
 
-def verdict_s2(ws: list[Windows], margin: float) -> dict[str, Any]:
+def verdict_s2(ws: list[Windows], rule: Rule) -> dict[str, Any]:
     cap = [_p99(w, "s2_split") for w in ws]
     nocap = [_p99(w, "s2_split_nocap") for w in ws]
-    checks = [judge(Check("split_p99_ms", RED_LINE_MS), cap, margin),
+    checks = [judge(Check("split_p99_ms", RED_LINE_MS), cap, rule),
               judge_flags("every stream served (split)", [_served(w, "s2_split") for w in ws])]
     return _verdict("with the cap, the other streams' partial p99 <= 300 ms while one "
                     "client dumps 10 s", checks,
@@ -142,23 +152,23 @@ def verdict_s2(ws: list[Windows], margin: float) -> dict[str, Any]:
                     errors=_errors(ws, ("s2_split", "s2_split_nocap")))
 
 
-def verdict_s3(ws: list[Windows], margin: float) -> dict[str, Any]:
+def verdict_s3(ws: list[Windows], rule: Rule) -> dict[str, Any]:
     tput = [w.get("s3_split_batch", {}).get("audio_s_per_wall_s") for w in ws]
     ceil = [w.get("ceiling", {}).get("audio_s_per_wall_s") for w in ws]
     share = [ratio(t, c) for t, c in zip(tput, ceil, strict=True)]
     return _verdict("split batch throughput >= 90% of the raw engine on the same core "
                     "(same round)",
                     [judge(Check("share_of_ceiling", 0.9, at_most=False, share=True), share,
-                           margin)],
+                           rule)],
                     {"split_audio_s_per_wall_s": spread(tput),
                      "ceiling_audio_s_per_wall_s": spread(ceil)})
 
 
-def verdict_s4(ws: list[Windows], margin: float) -> dict[str, Any]:
+def verdict_s4(ws: list[Windows], rule: Rule) -> dict[str, Any]:
     cap = [_steps(w.get("s4_sim-cap", {})) for w in ws]
     nocap = [_steps(w.get("s4_sim-nocap", {})) for w in ws]
     checks = [judge(Check("cap_share_le_50ms", 0.99, at_most=False, share=True),
-                    [c.get("share_le_50ms") for c in cap], margin),
+                    [c.get("share_le_50ms") for c in cap], rule),
               judge_flags("every stream served (cap)", [_served(w, "s4_sim-cap") for w in ws])]
     return _verdict("with the cap >= 99% of steps in the <= 50 ms buckets, every stream "
                     "served; without it, the stall", checks,
@@ -246,7 +256,7 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
             "results": {k: v for k, v in r.items() if k in once} | {"rounds": rounds}}
 
 
-def verdict_s5(ws: list[Windows], margin: float, loads: list[int],
+def verdict_s5(ws: list[Windows], rule: Rule, loads: list[int],
                target_n: int) -> dict[str, Any]:
     per_load = {n: capacity(ws, n) for n in loads}
     # "added" means something only while the baseline itself keeps the beat: the highest
@@ -258,10 +268,10 @@ def verdict_s5(ws: list[Windows], margin: float, loads: list[int],
              for r in rounds]
     checks = [judge(Check(f"gateway_cpu_s_per_stream_s at {target_n}",
                           GATEWAY_CPU_PER_STREAM_S),
-                    [r["gateway_cpu_s_per_stream_s"] for r in rounds], margin),
-              judge(Check(f"added_p99_ms at {target_n}", ADDED_P99_MS), added, margin),
+                    [r["gateway_cpu_s_per_stream_s"] for r in rounds], rule),
+              judge(Check(f"added_p99_ms at {target_n}", ADDED_P99_MS), added, rule),
               judge(Check(f"direct_p99_ms at {target_n}", RED_LINE_MS),
-                    [r["direct_p99_ms"] for r in rounds], margin),
+                    [r["direct_p99_ms"] for r in rounds], rule),
               judge_flags(f"every stream served at {target_n}", [r["served"] for r in rounds])]
     top = max(held) if held else None
     return _verdict(f"at {target_n} streams: gateway CPU <= {GATEWAY_CPU_PER_STREAM_S:g} s "
@@ -278,22 +288,29 @@ def verdict_s5(ws: list[Windows], margin: float, loads: list[int],
                                              for d in ("via_gateway", "direct"))))
 
 
-def verdict_s6(ws: list[Windows], margin: float) -> dict[str, Any]:
+def verdict_s6(ws: list[Windows], rule: Rule) -> dict[str, Any]:
     x = [w.get("s6_vad", {}).get("x_realtime") for w in ws]
     return _verdict("VAD >= 300 x real time on one core",
-                    [judge(Check("x_realtime", 300.0, at_most=False), x, margin)], {})
+                    [judge(Check("x_realtime", 300.0, at_most=False), x, rule)], {})
+
+
+def rule_of(options: dict[str, Any]) -> Rule:
+    """The verdict rule a run's options name (a results file from before ``unstable_z``
+    is judged by today's default)."""
+    return Rule(margin=float(options.get("unstable_margin", UNSTABLE_MARGIN)),
+                z=float(options.get("unstable_z", UNSTABLE_Z)))
 
 
 def verdicts(doc: dict[str, Any]) -> dict[str, Any]:
     ws = round_windows(doc)
     o = doc["options"]
-    margin = float(o.get("unstable_margin", UNSTABLE_MARGIN))
+    rule = rule_of(o)
     checks: dict[str, Callable[[], dict[str, Any]]] = {
-        "s1": lambda: verdict_s1(ws, margin), "s2": lambda: verdict_s2(ws, margin),
-        "s3": lambda: verdict_s3(ws, margin), "s4": lambda: verdict_s4(ws, margin),
-        "s5": lambda: verdict_s5(ws, margin, scale_loads(doc),
+        "s1": lambda: verdict_s1(ws, rule), "s2": lambda: verdict_s2(ws, rule),
+        "s3": lambda: verdict_s3(ws, rule), "s4": lambda: verdict_s4(ws, rule),
+        "s5": lambda: verdict_s5(ws, rule, scale_loads(doc),
                                  int(o.get("scale_target_streams", 200))),
-        "s6": lambda: verdict_s6(ws, margin)}
+        "s6": lambda: verdict_s6(ws, rule)}
     return {k: f() for k, f in checks.items() if k in o["scenarios"]}
 
 
@@ -331,15 +348,23 @@ def placement(o: dict[str, Any]) -> str:
             f"{o['batch_cpus']} and the load clients not pinned")
 
 
-def disagreement_rule(margin: float) -> str:
-    """The method paragraph's sentence on rounds that disagree, for this margin."""
-    if math.isinf(margin):
+def disagreement_rule(rule: Rule) -> str:
+    """The method paragraph's sentences on rounds that disagree, for this rule."""
+    if math.isinf(rule.margin):
         return ("When the rounds disagree, the check is **unstable** "
                 "(`--unstable-margin inf`).")
-    return (f"When the rounds disagree, the median decides if it lies beyond the limit by "
-            f"more than a margin of {margin:.0%} of the limit (for a share that must reach "
-            f"L, {margin:.0%} of 1 − L; `--unstable-margin`): met or missed; within that "
-            f"margin the check is **unstable**.")
+    margin = (f"When the rounds disagree, the median decides if it lies beyond the limit "
+              f"by more than a margin of {rule.margin:.0%} of the limit (for a share that "
+              f"must reach L, {rule.margin:.0%} of 1 − L; `--unstable-margin`)")
+    if rule.z <= 0:
+        return f"{margin}: met or missed; within that margin the check is **unstable**."
+    return (f"{margin} and by more than {rule.z:g} standard errors of the median "
+            f"(`--unstable-z`; the error estimated from the rounds' own spread, 1.4826 × "
+            f"their median absolute deviation × √(π/2) ÷ √rounds): met or missed; "
+            f"nearer the limit than either, the check is **unstable**. The second "
+            f"distance keeps a verdict from resting on rounds that spread wider than the "
+            f"margin: on a noisy machine the next run's median can land on the other side "
+            f"of the limit, and a verdict the next run contradicts is not one.")
 
 
 def _f(v: Any, digits: int = 1) -> str:
@@ -591,8 +616,7 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         "`pocketsphinx` for scenarios 1-3, `simulated` for 4-5, named in every stack's "
         "`LANEGATE_ENGINE`.",
         "",
-        METHOD.format(disagree=disagreement_rule(float(o.get("unstable_margin",
-                                                             UNSTABLE_MARGIN))),
+        METHOD.format(disagree=disagreement_rule(rule_of(o)),
                       loop=PROBE_LOOP),
         "",
         "## Targets",

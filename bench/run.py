@@ -16,7 +16,7 @@ from bench import audio, measure
 from bench.machine import Moment, perf_support
 from bench.measure import dump_spec, live_specs, stream_url, window, worker_session_url
 from bench.stack import Stack, StackPlan, WorkerPlan
-from bench.verdict import UNSTABLE_MARGIN
+from bench.verdict import UNSTABLE_MARGIN, UNSTABLE_Z
 
 ALL_SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6")
 #: streams per second the scale scenario opens (500 streams over 10 s)
@@ -30,6 +30,7 @@ class Options:
     scenarios: tuple[str, ...] = ALL_SCENARIOS
     rounds: int = 3  # every design of every scenario once per round, judged on the median
     unstable_margin: float = UNSTABLE_MARGIN
+    unstable_z: float = UNSTABLE_Z  # standard errors of the median, as the margin
     duration_s: float = 20.0  # each pocketsphinx measuring window
     # scenario 1's alone and split windows: their p99s make its ratio, and a p99 of a
     # 20 s window (about 340 partials of 4 streams) is its 4th-largest value

@@ -5,16 +5,22 @@ is taken within one round (one moment of the machine) and then over the rounds.
 The rule, also written in BENCHMARKS.md's method paragraph:
 
 * ``met`` when every round meets the limit, ``missed`` when none does;
-* when the rounds disagree, the median decides if it lies beyond the limit's
-  margin (``UNSTABLE_MARGIN`` of the limit, or for a share that must reach ``L``,
-  of what it may fall short by, ``1 - L``): ``met`` or ``missed``;
-  otherwise ``unstable``.
+* when the rounds disagree, the median decides if it lies beyond the limit by more
+  than the larger of two distances: the limit's margin (``UNSTABLE_MARGIN`` of the
+  limit, or for a share that must reach ``L``, of what it may fall short by,
+  ``1 - L``), and ``UNSTABLE_Z`` standard errors of the median, estimated from the
+  rounds' own spread (:func:`median_error`); then ``met`` or ``missed``, otherwise
+  ``unstable``. The second distance is what makes a verdict repeat on a noisy
+  machine: rounds that spread wider than the margin leave the median where the next
+  run's rounds may put it on the other side of the limit, and a verdict that the
+  next run would contradict is not one.
 
 A scenario is missed if any of its checks is, else unstable if any is, else met.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +29,12 @@ from typing import Any
 
 #: the share of the limit within which a median of disagreeing rounds is no verdict
 UNSTABLE_MARGIN = 0.10
+#: standard errors of the median within which a median of disagreeing rounds is no verdict
+UNSTABLE_Z = 2.0
+#: MAD x this estimates a normal spread's standard deviation
+MAD_TO_SIGMA = 1.4826
+#: the median's standard error over the mean's, for normal samples (sqrt(pi / 2))
+MEDIAN_OVER_MEAN_ERROR = math.sqrt(math.pi / 2)
 
 
 class Verdict(StrEnum):
@@ -55,6 +67,30 @@ class Check:
         return f"{self.name} {'<=' if self.at_most else '>='} {self.limit:g}"
 
 
+@dataclass(frozen=True)
+class Rule:
+    """How far a median of disagreeing rounds must lie from the limit to be a verdict:
+    beyond ``margin`` (a share of the limit, see :meth:`Check.margin`) and beyond ``z``
+    standard errors of the median. ``margin=inf``: every disagreement is unstable;
+    ``z=0``: the margin alone decides."""
+
+    margin: float = UNSTABLE_MARGIN
+    z: float = UNSTABLE_Z
+
+    def distance(self, check: Check, values: Sequence[float]) -> float:
+        return max(check.margin(self.margin), self.z * median_error(values))
+
+
+def median_error(values: Sequence[float]) -> float:
+    """The standard error of the median of ``values``, from their median absolute
+    deviation (robust: one far-off round moves it little, two do)."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    mad = statistics.median(abs(v - mid) for v in values)
+    return MAD_TO_SIGMA * mad * MEDIAN_OVER_MEAN_ERROR / math.sqrt(len(values))
+
+
 def spread(values: Sequence[float | None]) -> dict[str, Any]:
     """Median, min and max of the rounds that have a figure, and every round's figure."""
     got = [float(v) for v in values if v is not None]
@@ -65,8 +101,9 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
 
 
 def judge(check: Check, values: Sequence[float | None],
-          margin: float = UNSTABLE_MARGIN) -> dict[str, Any]:
-    """The check over the rounds; a round without the figure is left out."""
+          rule: Rule = Rule()) -> dict[str, Any]:
+    """The check over the rounds; a round without the figure is left out. The result
+    carries ``median_error`` (see :func:`median_error`) beside the median."""
     s = spread(values)
     got = [float(v) for v in values if v is not None]
     passed = sum(check.passes(v) for v in got)
@@ -77,16 +114,16 @@ def judge(check: Check, values: Sequence[float | None],
     elif passed == 0:
         verdict = Verdict.MISSED
     else:
-        verdict = _disagreeing(check, float(s["median"]), check.margin(margin))
-    return {"check": check.text, **s, "rounds_passed": passed, "rounds_measured": len(got),
-            "verdict": verdict.value}
+        verdict = _disagreeing(check, float(s["median"]), rule.distance(check, got))
+    return {"check": check.text, **s, "median_error": median_error(got) if got else None,
+            "rounds_passed": passed, "rounds_measured": len(got), "verdict": verdict.value}
 
 
-def _disagreeing(check: Check, median: float, margin: float) -> Verdict:
+def _disagreeing(check: Check, median: float, distance: float) -> Verdict:
     beyond = median - check.limit if check.at_most else check.limit - median
-    if beyond > margin:
+    if beyond > distance:
         return Verdict.MISSED
-    if beyond < -margin:
+    if beyond < -distance:
         return Verdict.MET
     return Verdict.UNSTABLE
 
