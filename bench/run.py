@@ -30,7 +30,7 @@ class Options:
     scenarios: tuple[str, ...] = ALL_SCENARIOS
     rounds: int = 3  # every design of every scenario once per round, judged on the median
     unstable_margin: float = UNSTABLE_MARGIN
-    unstable_z: float = UNSTABLE_Z  # standard errors of the median, as the margin
+    unstable_z: float = UNSTABLE_Z  # and this many standard errors of the median
     duration_s: float = 20.0  # each pocketsphinx measuring window
     # scenario 1's alone and split windows: their p99s make its ratio, and a p99 of a
     # 20 s window (about 340 partials of 4 streams) is its 4th-largest value

@@ -10,10 +10,10 @@ The rule, also written in BENCHMARKS.md's method paragraph:
   limit, or for a share that must reach ``L``, of what it may fall short by,
   ``1 - L``), and ``UNSTABLE_Z`` standard errors of the median, estimated from the
   rounds' own spread (:func:`median_error`); then ``met`` or ``missed``, otherwise
-  ``unstable``. The second distance is what makes a verdict repeat on a noisy
-  machine: rounds that spread wider than the margin leave the median where the next
-  run's rounds may put it on the other side of the limit, and a verdict that the
-  next run would contradict is not one.
+  ``unstable``. The second distance is for a noisy machine: rounds that spread
+  wider than the margin leave the median where the next run's rounds may put it on
+  the other side of the limit, and a verdict that the next run would contradict is
+  not one. (It cannot make verdicts repeat: three rounds may all agree by chance.)
 
 A scenario is missed if any of its checks is, else unstable if any is, else met.
 """
