@@ -15,6 +15,7 @@ from typing import Any
 
 from bench.machine import PROBE_LOOP
 from bench.verdict import (
+    MAD_TO_SIGMA,
     UNSTABLE_MARGIN,
     UNSTABLE_Z,
     Check,
@@ -359,7 +360,7 @@ def disagreement_rule(rule: Rule) -> str:
     if rule.z <= 0:
         return f"{margin}: met or missed; within that margin the check is **unstable**."
     return (f"{margin} and by more than {rule.z:g} standard errors of the median "
-            f"(`--unstable-z`; the error estimated from the rounds' own spread, 1.4826 × "
+            f"(`--unstable-z`; the error estimated from the rounds' own spread, {MAD_TO_SIGMA:g} × "
             f"their median absolute deviation × √(π/2) ÷ √rounds): met or missed; "
             f"nearer the limit than either, the check is **unstable**. The second "
             f"distance keeps a verdict from resting on rounds that spread wider than the "

@@ -77,8 +77,9 @@ class Rule:
     margin: float = UNSTABLE_MARGIN
     z: float = UNSTABLE_Z
 
-    def distance(self, check: Check, values: Sequence[float]) -> float:
-        return max(check.margin(self.margin), self.z * median_error(values))
+    def distance(self, check: Check, error: float) -> float:
+        """How far from the limit a median with this standard ``error`` must lie."""
+        return max(check.margin(self.margin), self.z * error)
 
 
 def median_error(values: Sequence[float]) -> float:
@@ -107,6 +108,7 @@ def judge(check: Check, values: Sequence[float | None],
     s = spread(values)
     got = [float(v) for v in values if v is not None]
     passed = sum(check.passes(v) for v in got)
+    error = median_error(got)
     if not got:
         verdict = Verdict.NOT_MEASURED
     elif passed == len(got):
@@ -114,8 +116,8 @@ def judge(check: Check, values: Sequence[float | None],
     elif passed == 0:
         verdict = Verdict.MISSED
     else:
-        verdict = _disagreeing(check, float(s["median"]), rule.distance(check, got))
-    return {"check": check.text, **s, "median_error": median_error(got) if got else None,
+        verdict = _disagreeing(check, float(s["median"]), rule.distance(check, error))
+    return {"check": check.text, **s, "median_error": error if got else None,
             "rounds_passed": passed, "rounds_measured": len(got), "verdict": verdict.value}
 
 
