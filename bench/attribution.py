@@ -1,19 +1,22 @@
 """Where the gateway's CPU per stream-second goes: the audio frames and the events,
-each through the gateway and on ``bench.floor``'s bare server, in interleaved rounds.
+each through the gateway and on two bare servers, in interleaved rounds.
 
     python -m bench.attribution [--streams 200] [--duration 20] [--rounds 2]
                                 [--out bench/results/attribution.json]
 
-Each round runs four windows of the same live streams (scenario 5's stack: two
+Each round runs six windows of the same live streams (scenario 5's stack: two
 simulated workers whose steps cost nothing): the gateway as configured, the gateway
-with partials off (``partial_interval_ms`` = 100 s: only finals), the floor, and the
-floor sending no events. Per round, each server's cost of one event is the CPU its
-events added over its quiet window, per event, and its frames' cost is its quiet
-window's CPU per stream-second (the few events left in it included). What the gateway
-spends per frame beyond the floor is the relay of the audio (the link to the worker,
-the timeline, the replay buffer); per event beyond the floor, the worker's event
-crossing the link, its mapping and the metrics.
-"""
+with partials off (``partial_interval_ms`` = 100 s: only finals), and each floor
+(``bench.floor`` on aiohttp, ``bench.floor_protocol`` on a bare asyncio Protocol)
+sending events at the gateway's rate and sending none. Per round, each server's cost
+of one event is the CPU its events added over its quiet window, per event, and its
+frames' cost is its quiet window's CPU per stream-second (the few events left in it
+included). What the gateway spends per frame beyond the floor is the relay of the
+audio (the link to the worker, the timeline, the replay buffer); per event beyond the
+floor, the worker's event crossing the link, its mapping and the metrics. What
+``bench.floor`` spends beyond ``bench.floor_protocol`` is aiohttp's per-message
+machinery; what the protocol floor spends is what no Python server on this loop
+avoids."""
 
 from __future__ import annotations
 
@@ -29,6 +32,9 @@ from bench.measure import live_specs, stream_url, window
 from bench.run import SCALE_RAMP_PER_S, Bench, Options, free_plan
 
 QUIET_ENV = {"LANEGATE_PARTIAL_INTERVAL_MS": "100000"}
+#: the bare servers set beside the gateway: aiohttp's, and one with no WebSocket library
+FLOORS = ("floor", "floor_protocol")
+SERVERS = ("gateway", *FLOORS)
 
 
 async def measure_round(bench: Bench, streams: int, duration_s: float) -> dict[str, Any]:
@@ -40,8 +46,11 @@ async def measure_round(bench: Bench, streams: int, duration_s: float) -> dict[s
         if quiet:
             plan = dataclasses.replace(plan, env={**plan.env, **QUIET_ENV})
         async with bench.stack(plan) as stack:
-            floor = await stack.start_floor("floor", *(["--quiet"] if quiet else []))
-            for server, url in (("gateway", stack.url), ("floor", floor)):
+            flags = ["--quiet"] if quiet else []
+            urls = {"gateway": stack.url}
+            for floor in FLOORS:
+                urls[floor] = await stack.start_floor(floor, *flags, module=f"bench.{floor}")
+            for server, url in urls.items():
                 name = server + ("_quiet" if quiet else "")
                 specs = live_specs(stream_url(url), streams, duration_s, live,
                                    ramp_s=streams / SCALE_RAMP_PER_S)
@@ -68,7 +77,7 @@ def costs(rnd: dict[str, Any], server: str) -> dict[str, float | None]:
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over the rounds, with every round's value."""
-    per_round = [{f"{server}_{k}": v for server in ("gateway", "floor")
+    per_round = [{f"{server}_{k}": v for server in SERVERS
                   for k, v in costs(r, server).items()}
                  | {f"{name}_cpu_s_per_stream_s": r[name]["cpu_s_per_stream_s"] for name in r}
                  for r in rounds]
