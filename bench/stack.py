@@ -46,6 +46,10 @@ class StackPlan:
     gateway_cpus: str = ""  # taskset CPU list for the gateway; "" = not pinned
     redis_cpus: str = ""
     load_cpus: str = ""  # the load clients' (``bench.measure.run_load``)
+    # what the gateway's command runs under (``bench.instructions``: valgrind), and how
+    # long it may then take to answer /readyz
+    gateway_prefix: tuple[str, ...] = ()
+    gateway_ready_s: float = 60.0
 
 
 def runqueue_wait_seconds(child: Child) -> float:
@@ -181,18 +185,20 @@ class Stack:
                        [*pin(w.cpus), *lanegate_argv("worker", "--lane", w.lane)],
                        {**self.base_env(), "LANEGATE_WORKER_ID": f"bench-{w.lane}-{i}",
                         **w.env}, stop_order=1)
-        self.spawn("gateway", [*pin(self.plan.gateway_cpus), *lanegate_argv("gateway")],
-                   self.base_env(), stop_order=0)
+        self.spawn("gateway", [*pin(self.plan.gateway_cpus), *self.plan.gateway_prefix,
+                               *lanegate_argv("gateway")], self.base_env(), stop_order=0)
         await self.wait_for(self.workers_up, "workers in the registry", 120)
-        await self.wait_for(self.gateway_ready, "gateway /readyz", 60)
+        await self.wait_for(self.gateway_ready, "gateway /readyz", self.plan.gateway_ready_s)
 
-    async def start_floor(self, name: str = "floor", *args: str) -> str:
-        """``bench.floor``'s bare server (with ``args``) beside the stack, on the
-        gateway's CPUs, as child ``name``; its URL."""
+    async def start_floor(self, name: str = "floor", *args: str, module: str = "bench.floor",
+                          prefix: tuple[str, ...] = (), ready_s: float = 30.0) -> str:
+        """A bare server (``bench.floor``, or ``module`` with the same flags) with
+        ``args`` beside the stack, on the gateway's CPUs, as child ``name``, its command
+        run under ``prefix``; its URL."""
         port = free_port()
-        self.spawn(name, [*pin(self.plan.gateway_cpus), sys.executable, "-m",
-                          "bench.floor", "--port", str(port), *args], {}, stop_order=0)
-        await self.wait_for(lambda: listening(port), "bench.floor", 30)
+        self.spawn(name, [*pin(self.plan.gateway_cpus), *prefix, sys.executable, "-m",
+                          module, "--port", str(port), *args], {}, stop_order=0)
+        await self.wait_for(lambda: listening(port), module, ready_s)
         return f"http://127.0.0.1:{port}"
 
     async def redis_up(self) -> bool:
