@@ -77,7 +77,7 @@ def costs(rnd: dict[str, Any], server: str) -> dict[str, float | None]:
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over the rounds, with every round's value."""
-    per_round = [{f"{server}_{k}": v for server in SERVERS
+    per_round = [{f"{server}_{k}": v for server in SERVERS if server in r
                   for k, v in costs(r, server).items()}
                  | {f"{name}_cpu_s_per_stream_s": r[name]["cpu_s_per_stream_s"] for name in r}
                  for r in rounds]

@@ -258,6 +258,15 @@ def test_attribution_splits_each_servers_cost_into_frames_and_events() -> None:
     assert s["gateway_us_per_frame"]["median"] == 50.0
     assert s["gateway_us_per_frame"]["rounds"] == [50.0, 100.0, 50.0]
     assert s["floor_quiet_cpu_s_per_stream_s"]["median"] == pytest.approx(0.00025)
+    assert "floor_protocol_us_per_frame" not in s  # a round from before that floor
+
+
+def test_attribution_sets_the_gateway_against_the_protocol_floor_too() -> None:
+    rnd = {"gateway": _server(0.0007, 2.3), "gateway_quiet": _server(0.0005, 0.3),
+           "floor_protocol": _server(0.0002, 2.1), "floor_protocol_quiet": _server(0.00015, 0.1)}
+    s = summarize_attribution([rnd])
+    assert s["floor_protocol_us_per_frame"]["median"] == 15.0
+    assert s["floor_protocol_us_per_event"]["median"] == pytest.approx(25.0)
 
 
 def test_an_infinite_margin_makes_every_disagreement_unstable() -> None:
