@@ -30,19 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.measure import (
-    STEADY_AFTER_START_S,
-    STEADY_BEFORE_END_S,
-    live_specs,
-    run_load,
-    steady_window,
-    stream_url,
-    summarize,
-)
+from bench.attribution import FLOORS, SERVERS
+from bench.measure import live_specs, measured_span, run_load, steady_window, stream_url, summarize
 from bench.run import SCALE_RAMP_PER_S, Bench, Options, free_plan
 from bench.stack import Stack
 
-SERVERS = ("gateway", "floor", "floor_protocol")
 #: how long a server started under valgrind may take to listen
 READY_UNDER_VALGRIND_S = 300.0
 TOTALS = re.compile(r"^(?:totals|summary):\s*(\d+)", re.MULTILINE)
@@ -85,7 +77,7 @@ class CountedSpan:
         self.stack = stack
         self.server = server
         self.pid = stack.pid(server)
-        self.span = (span[0] + STEADY_AFTER_START_S, span[1] - STEADY_BEFORE_END_S)
+        self.span = span
         self.wall_s = self.cpu_s = 0.0
         self.task: asyncio.Task[None] | None = None
 
@@ -103,6 +95,10 @@ class CountedSpan:
         await control(self.pid, "--instr=off")
 
 
+def dump_dir(bench: Bench) -> Path:
+    return bench.work / "callgrind"
+
+
 def latest_dump(out_dir: Path, name: str, pid: int) -> str:
     dumps = sorted(out_dir.glob(f"{name}.callgrind.{pid}.*"),
                    key=lambda p: int(p.suffix.lstrip(".")))
@@ -114,7 +110,7 @@ def latest_dump(out_dir: Path, name: str, pid: int) -> str:
 async def measure_server(bench: Bench, server: str, streams: int,
                          duration_s: float) -> dict[str, Any]:
     """One window of ``streams`` live streams on ``server`` under callgrind."""
-    out_dir = bench.work / "callgrind"
+    out_dir = dump_dir(bench)
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob(f"{server}.callgrind.*"):
         old.unlink()
@@ -135,13 +131,13 @@ async def counted_window(stack: Stack, server: str, url: str, bench: Bench, stre
                          duration_s: float) -> dict[str, Any]:
     specs = live_specs(stream_url(url), streams, duration_s, bench.live_pcm(),
                        ramp_s=streams / SCALE_RAMP_PER_S)
-    span = CountedSpan(stack, server, steady_window(specs))
+    span = CountedSpan(stack, server, measured_span(specs))
     results, _ = await run_load(specs, bench.work, f"instr-{server}",
                                 timeout_s=duration_s + 180, on_start=span.start)
     if span.task is None:
         raise CallgrindError("the load never started")
     await span.task
-    dump = latest_dump(bench.work / "callgrind", server, span.pid)
+    dump = latest_dump(dump_dir(bench), server, span.pid)
     instructions = dumped_instructions(dump)
     figures = summarize(results, steady_window(specs))
     msgs = figures["messages"]
@@ -170,7 +166,7 @@ async def run(streams: int, duration_s: float, workdir: Path) -> dict[str, Any]:
     gateway = out["servers"]["gateway"]["instructions_per_stream_s"]
     out["gateway_over"] = {floor: round(gateway / out["servers"][floor]
                                         ["instructions_per_stream_s"], 2)
-                           for floor in SERVERS[1:]}
+                           for floor in FLOORS}
     return out
 
 

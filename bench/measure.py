@@ -177,6 +177,13 @@ def steady_window(specs: list[StreamSpec]) -> tuple[float, float]:
     return (max(s.start_s for s in live), min(s.start_s + s.duration_s for s in live))
 
 
+def measured_span(specs: list[StreamSpec]) -> tuple[float, float]:
+    """The part of ``steady_window`` a server's cost is measured over: within its
+    margins, clear of the last connect and the first goodbye."""
+    start, end = steady_window(specs)
+    return (start + STEADY_AFTER_START_S, end - STEADY_BEFORE_END_S)
+
+
 def messages(results: list[dict[str, Any]]) -> dict[str, Any]:
     """WebSocket messages the clients sent and received, in all and per stream-second
     (a second of one live stream's audio): the gateway forwards each of them."""
@@ -232,8 +239,7 @@ class SteadyCpu:
     def __init__(self, stack: Stack, specs: list[StreamSpec], server: str = "gateway") -> None:
         self._stack = stack
         self._server = server
-        start, end = steady_window(specs)
-        self._span = (start + STEADY_AFTER_START_S, end - STEADY_BEFORE_END_S)
+        self._span = measured_span(specs)
         self.streams = sum(1 for s in specs if s.kind == "live")
         self.samples: list[tuple[float, float]] = []  # (monotonic time, gateway CPU s)
         self._task: asyncio.Task[None] | None = None
