@@ -3,9 +3,10 @@ by every session this gateway opens on that worker (protocol in docs/INTERNALS.m
 
 With hundreds of live streams, a WebSocket message each way per relayed 100 ms
 frame and a ping loop per session would make per-message I/O the gateway's CPU.
-So on a link all audio queued in one event-loop tick leaves in one binary message
-of ``(channel, length)``-prefixed records, the worker answers each tick's events
-in one text message, and one ping loop covers every session.
+So on a link the audio queued since its last send leaves in one binary message of
+``(channel, length)``-prefixed records, at most once per ``link_flush_ms`` (a busy
+link gathers many streams' frames; an idle one sends at once), the worker answers
+each tick's events in one text message, and one ping loop covers every session.
 
 ``app[LINKS].get(worker)`` returns the worker's ``WorkerLink``, connecting on first
 use (concurrent first uses share one attempt). ``link.open(...)`` gives a
@@ -81,6 +82,10 @@ class Channel:
         self.events: asyncio.Queue[dict[str, Any] | Lost] = asyncio.Queue(link.max_events + 1)
         self.ended = False  # the worker ended it (done/error/closed) or the link is lost
 
+    def queue_audio(self, pcm: bytes) -> bool:
+        """Queue ``pcm`` unless the link's batch is full (False: ``send_audio`` waits)."""
+        return self.link.queue_audio(self.number, pcm)
+
     async def send_audio(self, pcm: bytes) -> None:
         await self.link.send_audio(self.number, pcm)
 
@@ -98,11 +103,13 @@ class Channel:
 
 
 class WorkerLink:
-    """The link to one worker: a sender, a reader and a ping loop (module docstring)."""
+    """The link to one worker: a sender, a reader and a watch loop that pings and
+    notices silence (module docstring)."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse, *, url: str, worker_id: str,
                  lane: str, silence_s: float,
-                 on_lost: Callable[[WorkerLink], None], max_events: int = 1000) -> None:
+                 on_lost: Callable[[WorkerLink], None], max_events: int = 1000,
+                 flush_s: float = 0.0) -> None:
         self.url = url
         self.max_events = max(1, max_events)
         self.worker_id = worker_id
@@ -111,6 +118,8 @@ class WorkerLink:
         self.lost: str | None = None  # why, once lost
         self._ws = ws
         self._silence_s = silence_s
+        self._flush_s = flush_s
+        self._heard = asyncio.get_running_loop().time()  # when the worker last sent anything
         self._on_lost = on_lost
         self._next_number = 0
         # control ops, and between them the audio records that go out as one message
@@ -121,7 +130,7 @@ class WorkerLink:
         self._room.set()
         self._tasks = [asyncio.create_task(loop(), name=f"link-{name}-{worker_id}")
                        for name, loop in (("send", self._send_loop), ("read", self._read_loop),
-                                          ("ping", self._ping_loop))]
+                                          ("watch", self._watch_loop))]
         metrics.GATEWAY_WORKER_LINKS.labels(lane=lane).inc()
 
     # --- channels ------------------------------------------------------------------
@@ -158,11 +167,17 @@ class WorkerLink:
     # --- gateway -> worker -----------------------------------------------------------
     async def send_audio(self, number: int, pcm: bytes) -> None:
         """Queue one audio record; waits while a full batch is still unsent."""
-        while self._pending_audio >= LINK_BATCH_BYTES and self.lost is None:
+        while not self.queue_audio(number, pcm):
             self._room.clear()
             await self._room.wait()
+
+    def queue_audio(self, number: int, pcm: bytes) -> bool:
+        """Queue one audio record unless a full batch is still unsent (False). A lost
+        link takes nothing (True): the channel has its Lost marker."""
         if self.lost is not None:
-            return  # the channel has its Lost marker
+            return True
+        if self._pending_audio >= LINK_BATCH_BYTES:
+            return False
         pending = self._pending
         if not pending or isinstance(pending[-1], str) or len(pending[-1]) >= LINK_BATCH_BYTES:
             pending.append(bytearray())
@@ -172,6 +187,7 @@ class WorkerLink:
         records += pcm  # the one copy of the audio here: aiohttp masks a copy of its own
         self._pending_audio += RECORD.size + len(pcm)
         self._wake.set()
+        return True
 
     def send_op(self, op: dict[str, Any]) -> None:
         if self.lost is None:
@@ -179,10 +195,16 @@ class WorkerLink:
             self._wake.set()
 
     async def _send_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        sent = -self._flush_s  # loop time of the last send
         try:
             while True:
                 await self._wake.wait()
+                hold = sent + self._flush_s - loop.time()
+                if hold > 0:  # sent moments ago: let more streams' frames join this one
+                    await asyncio.sleep(hold)
                 self._wake.clear()
+                sent = loop.time()
                 while self._pending:
                     message = self._next_message()
                     if isinstance(message, str):
@@ -201,19 +223,30 @@ class WorkerLink:
                 self._room.set()
         return message
 
-    async def _ping_loop(self) -> None:
-        with contextlib.suppress(ConnectionError, aiohttp.ClientError, RuntimeError):
-            while True:
-                await asyncio.sleep(self._silence_s / PINGS_PER_LIMIT)
-                await self._ws.ping()
+    async def _watch_loop(self) -> None:
+        """Ping the worker, and lose the link once it has sent nothing (not even a pong)
+        for ``silence_s``. One timer per link: a timeout around each read would arm and
+        cancel one per message."""
+        loop = asyncio.get_running_loop()
+        every = self._silence_s / PINGS_PER_LIMIT
+        ping_at = loop.time() + every
+        while True:
+            now = loop.time()
+            silent_at = self._heard + self._silence_s
+            if now >= silent_at:
+                return await self._fail(f"silent for {self._silence_s:.1f} s")
+            if now >= ping_at:
+                ping_at = now + every
+                with contextlib.suppress(ConnectionError, aiohttp.ClientError, RuntimeError):
+                    await self._ws.ping()
+            await asyncio.sleep(min(ping_at, silent_at) - now)
 
     # --- worker -> gateway -----------------------------------------------------------
     async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                msg = await self._ws.receive(timeout=self._silence_s)
-            except TimeoutError:
-                return await self._fail(f"silent for {self._silence_s:.1f} s")
+            msg = await self._ws.receive()
+            self._heard = loop.time()
             if msg.type is aiohttp.WSMsgType.TEXT:
                 self._deliver(msg.data)
             elif msg.type is aiohttp.WSMsgType.PING:
@@ -368,7 +401,8 @@ class WorkerLinks:
         return WorkerLink(ws, url=worker.url, worker_id=str(hello.get("worker") or
                                                                worker.worker_id),
                           lane=lane, silence_s=silence_limit_s(self._settings, lane),
-                          on_lost=self._forget, max_events=self._settings.max_channel_events)
+                          on_lost=self._forget, max_events=self._settings.max_channel_events,
+                          flush_s=self._settings.link_flush_ms / 1000.0)
 
     async def close(self) -> None:
         tasks = list(self._links.values())

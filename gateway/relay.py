@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, WSMsgType, web
 from redis.exceptions import RedisError
 
+from gateway.frame_tap import FrameTap
 from gateway.replay import ReplayBuffer
 from gateway.workers_client import NoWorkers, Overloaded, WorkerLost, WorkerSession
 from lanegate import metrics
@@ -98,6 +99,7 @@ class Client(Protocol):
 
     ws: web.WebSocketResponse
     shutting_down: bool
+    tap: FrameTap | None  # the socket's audio frames without aiohttp (gateway/frame_tap.py)
 
     async def send(self, event: dict[str, Any]) -> bool: ...
 
@@ -324,6 +326,10 @@ class Relay:
     # --- client -> worker --------------------------------------------------------
 
     async def _pump_client(self) -> Outcome:
+        if self.client.tap is not None:
+            failure = await self._take_directly(self.client.tap)
+            if failure is not None:
+                return failure
         ws = self.client.ws
         while True:
             msg = await ws.receive()
@@ -351,11 +357,47 @@ class Relay:
                 return failure
             await asyncio.sleep(left)
 
+    async def _take_directly(self, tap: FrameTap) -> Failure | None:
+        """The client pump's first phase: the tap hands each audio frame to
+        ``take_audio`` as it arrives, with no wake-up of this task per frame, until the
+        client's first other frame (None: aiohttp reads on from it) or a frame that
+        ends the stream (its ``Failure``)."""
+        ended: asyncio.Future[Failure | None] = asyncio.get_running_loop().create_future()
+
+        def settle(result: Failure | None) -> None:
+            if not ended.done():
+                ended.set_result(result)
+
+        def sink(data: bytes) -> Awaitable[None] | None:
+            taken = self.take_audio(data)
+            if isinstance(taken, Failure):
+                settle(taken)
+                tap.release()
+                return None
+            return None if taken else self._send_waiting(data)
+
+        tap.attach(sink, on_release=lambda: settle(None))
+        try:
+            return await ended
+        finally:
+            tap.release()  # the relay is over, or aiohttp reads on
+
     async def _on_audio(self, data: bytes) -> Failure | None:
+        taken = self.take_audio(data)
+        if isinstance(taken, Failure):
+            return taken
+        if not taken:
+            await self._send_waiting(data)
+        return None
+
+    def take_audio(self, data: bytes) -> Failure | bool:
+        """Check one client frame, record it and queue it for the worker without
+        waiting: the ``Failure`` that ends the stream, True once it is handled, False
+        when the link's batch is full (then ``_send_waiting`` sends it)."""
         settings = self.settings
         if self.ended:
             if self.client.shutting_down:
-                return None  # the gateway is draining this session; drop late audio
+                return True  # the gateway is draining this session; drop late audio
             return Failure("bad_request", "audio after {\"type\":\"end\"}")
         if len(data) > settings.max_frame_bytes:
             return Failure("too_large", f"frame of {len(data)} bytes is over max_frame_bytes "
@@ -364,7 +406,7 @@ class Relay:
             return Failure("bad_request", f"odd byte count {len(data)}: audio must be "
                            "PCM s16le, 2 bytes per sample")
         if not data:
-            return None
+            return True
         frame_ms = self.timeline.ms_of(len(data))
         if self.timeline.audio_ms + frame_ms > settings.max_session_s * 1000.0:
             return Failure("timeout", f"session audio over max_session_s "
@@ -373,13 +415,22 @@ class Relay:
         if self.replay is not None:
             self.replay.append(data)
         if self.switching:
-            return None  # the failover replays it
+            return True  # the failover replays it
+        try:
+            return self.worker.queue_audio(data)
+        except WorkerLost:
+            self._lost_audio()
+            return True
+
+    async def _send_waiting(self, data: bytes) -> None:
         try:
             await self.worker.send_audio(data)
         except WorkerLost:
-            if self.replay is None:
-                self.ended = True  # the worker pump reports the loss
-        return None
+            self._lost_audio()
+
+    def _lost_audio(self) -> None:
+        if self.replay is None:
+            self.ended = True  # the worker pump reports the loss
 
     async def _on_control(self, data: str) -> Failure | None:
         try:

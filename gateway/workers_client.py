@@ -90,8 +90,14 @@ class WorkerSession:
 
     async def send_audio(self, pcm: bytes) -> None:
         """Forward PCM s16le mono at the session's rate; ``WorkerLost`` if it is over."""
+        if not self.queue_audio(pcm):
+            await self._channel.send_audio(pcm)
+
+    def queue_audio(self, pcm: bytes) -> bool:
+        """``send_audio`` without waiting: False when the link's batch is full and the
+        caller must ``await send_audio`` (the relay's path for every frame)."""
         self._check_open()
-        await self._channel.send_audio(pcm)
+        return self._channel.queue_audio(pcm)
 
     async def end(self) -> None:
         """Tell the worker no more audio comes; it answers its last finals and ``done``."""

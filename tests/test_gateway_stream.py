@@ -79,12 +79,14 @@ async def collect(ws: aiohttp.ClientWebSocketResponse, run: Run) -> None:
 
 
 async def stream_speech(http: aiohttp.ClientSession, stack: Stack, pcm: bytes, rate: int, *,
-                        key: str | None = "alpha", speed: float = 2.0) -> Run:
-    """Send ``pcm`` in 100 ms frames at ``speed`` x real time, then end; all events."""
+                        key: str | None = "alpha", speed: float = 2.0,
+                        heartbeat: float | None = None) -> Run:
+    """Send ``pcm`` in 100 ms frames at ``speed`` x real time, then end; all events.
+    ``heartbeat``: the client pings this often and drops a socket that does not pong."""
     run = Run()
     await key_free(stack, key)
     async with http.ws_connect(stream_url(stack, f"sample_rate={rate}"),
-                               headers=auth(key)) as ws:
+                               headers=auth(key), heartbeat=heartbeat) as ws:
         receiver = asyncio.create_task(collect(ws, run))
         step = rate * 2 * FRAME_MS // 1000
         for offset in range(0, len(pcm), step):
@@ -206,6 +208,22 @@ async def test_speech_streams_partials_while_sending_and_finals_with_the_words(
     end = await asyncio.to_thread(stream_end_of, stack, ready["session_id"])
     assert end["outcome"] == "done", end
     assert end["audio_s"] == pytest.approx(audio_ms / 1000, abs=0.01)
+    # every audio frame came off the socket around aiohttp's reader (gateway/frame_tap.py)
+    assert end["frames_direct"] == -(-len(pcm) // (rate * 2 * FRAME_MS // 1000))
+
+
+async def test_a_client_that_pings_keeps_its_stream_and_its_words(
+    stack: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int]
+) -> None:
+    """Pings between audio frames are answered (aiohttp's client drops a socket whose
+    pong is late: half the heartbeat) and no frame is lost or reordered around them."""
+    pcm, rate = one
+    run = await stream_speech(http, stack, pcm, rate, heartbeat=0.3)
+    assert run.events[-1] == {"type": "done"}, run.events[-3:]
+    assert run.close_code == 1000
+    assert recall(ONE, run.final_text) >= SENTENCE_RECALL, run.final_text
+    end = await asyncio.to_thread(stream_end_of, stack, run.events[0]["session_id"])
+    assert end["audio_s"] == pytest.approx(len(pcm) / (rate * 2), abs=0.01)
 
 
 async def test_two_concurrent_sessions_get_their_own_text(
