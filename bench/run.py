@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from typing import Any
 from bench import audio, measure
 from bench.machine import Moment, perf_support
 from bench.measure import dump_spec, live_specs, stream_url, window, worker_session_url
-from bench.stack import Stack, StackPlan, WorkerPlan
+from bench.stack import LOGS_DIR, Stack, StackPlan, WorkerPlan
 from bench.verdict import UNSTABLE_MARGIN, UNSTABLE_Z
 
 ALL_SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6")
@@ -308,6 +309,7 @@ class Bench:
 
     async def run(self) -> dict[str, Any]:
         self.work.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.work / LOGS_DIR, ignore_errors=True)  # this run's stacks' only
         want = self.want
         if "s5" in want:
             self.results["perf"] = perf_support()

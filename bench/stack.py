@@ -79,6 +79,10 @@ async def listening(port: int) -> bool:
     return True
 
 
+#: where each stack's logs are kept, beside the stacks' directories
+LOGS_DIR = "logs"
+
+
 class StackError(RuntimeError):
     pass
 
@@ -172,6 +176,19 @@ class Stack:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+        self.keep_logs()
+
+    def keep_logs(self) -> Path:
+        """Copy this stack's logs to ``logs/NNN-<design>/`` beside its directory, in the
+        order the stacks ran: the next stack of the same design starts afresh, and a
+        slow round's gateway and workers can still be read after the run."""
+        logs = self.workdir.parent / LOGS_DIR
+        logs.mkdir(parents=True, exist_ok=True)
+        dest = logs / f"{sum(1 for _ in logs.iterdir()) + 1:03d}-{self.plan.design}"
+        dest.mkdir()
+        for log in self.workdir.glob("*.log"):
+            shutil.copy2(log, dest)
+        return dest
 
     async def start(self) -> None:
         self.spawn("redis", [*pin(self.plan.redis_cpus), "redis-server",
