@@ -22,12 +22,14 @@ import json
 import struct
 from typing import cast
 
+from aiohttp._websocket.helpers import websocket_mask as unmask  # aiohttp's C mask
+
 from bench.floor import FINAL_EVERY_FRAMES, PARTIAL_EVERY_FRAMES, event
 from bench.load import BYTES_PER_MS
-from gateway.frame_tap import BINARY, CLOSE, PING, PONG, TEXT, encode, frame_head, unmask
 from lanegate.loops import use_event_loop
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455, section 1.3
+TEXT, BINARY, CLOSE, PING, PONG = 0x1, 0x2, 0x8, 0x9, 0xA
 MAX_HEADER_BYTES = 16 * 1024
 
 
@@ -45,21 +47,41 @@ def accept_key(request_head: bytes) -> str:
     raise BadFrame("no Sec-WebSocket-Key in the upgrade request")
 
 
+def encode(opcode: int, payload: bytes) -> bytes:
+    """One unmasked, final frame (a server's)."""
+    n = len(payload)
+    if n < 126:
+        head = struct.pack("!BB", 0x80 | opcode, n)
+    elif n < 1 << 16:
+        head = struct.pack("!BBH", 0x80 | opcode, 126, n)
+    else:
+        head = struct.pack("!BBQ", 0x80 | opcode, 127, n)
+    return head + payload
+
+
 def next_frame(buf: bytearray) -> tuple[int, bytearray] | None:
     """Take the first whole frame off ``buf``: its opcode and unmasked payload; None
     while it is incomplete."""
-    head = frame_head(buf)
-    if head is None:
+    if len(buf) < 2:
         return None
-    if head.rsv or not head.fin:
+    b0, b1 = buf[0], buf[1]
+    if b0 & 0x70 or not b0 & 0x80:
         raise BadFrame("fragmented frames and extensions are not spoken here")
-    if len(buf) < head.end:
+    n, pos = b1 & 0x7F, 2
+    if n >= 126:
+        width = 2 if n == 126 else 8
+        if len(buf) < pos + width:
+            return None
+        n, pos = int.from_bytes(buf[pos:pos + width], "big"), pos + width
+    mask_len = 4 if b1 & 0x80 else 0
+    end = pos + mask_len + n
+    if len(buf) < end:
         return None
-    payload = buf[head.header_len:head.end]
-    if head.mask:
-        unmask(head.mask, payload)
-    del buf[:head.end]
-    return head.opcode, payload
+    payload = buf[pos + mask_len:end]
+    if mask_len:
+        unmask(bytes(buf[pos:pos + 4]), payload)
+    del buf[:end]
+    return b0 & 0x0F, payload
 
 
 class FloorProtocol(asyncio.Protocol):

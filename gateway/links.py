@@ -3,10 +3,9 @@ by every session this gateway opens on that worker (protocol in docs/INTERNALS.m
 
 With hundreds of live streams, a WebSocket message each way per relayed 100 ms
 frame and a ping loop per session would make per-message I/O the gateway's CPU.
-So on a link the audio queued since its last send leaves in one binary message of
-``(channel, length)``-prefixed records, at most once per ``link_flush_ms`` (a busy
-link gathers many streams' frames; an idle one sends at once), the worker answers
-each tick's events in one text message, and one ping loop covers every session.
+So on a link all audio queued in one event-loop tick leaves in one binary message
+of ``(channel, length)``-prefixed records, the worker answers each tick's events
+in one text message, and one ping loop covers every session.
 
 ``app[LINKS].get(worker)`` returns the worker's ``WorkerLink``, connecting on first
 use (concurrent first uses share one attempt). ``link.open(...)`` gives a
@@ -108,8 +107,7 @@ class WorkerLink:
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse, *, url: str, worker_id: str,
                  lane: str, silence_s: float,
-                 on_lost: Callable[[WorkerLink], None], max_events: int = 1000,
-                 flush_s: float = 0.0) -> None:
+                 on_lost: Callable[[WorkerLink], None], max_events: int = 1000) -> None:
         self.url = url
         self.max_events = max(1, max_events)
         self.worker_id = worker_id
@@ -118,7 +116,6 @@ class WorkerLink:
         self.lost: str | None = None  # why, once lost
         self._ws = ws
         self._silence_s = silence_s
-        self._flush_s = flush_s
         self._heard = asyncio.get_running_loop().time()  # when the worker last sent anything
         self._on_lost = on_lost
         self._next_number = 0
@@ -195,16 +192,10 @@ class WorkerLink:
             self._wake.set()
 
     async def _send_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        sent = -self._flush_s  # loop time of the last send
         try:
             while True:
                 await self._wake.wait()
-                hold = sent + self._flush_s - loop.time()
-                if hold > 0:  # sent moments ago: let more streams' frames join this one
-                    await asyncio.sleep(hold)
                 self._wake.clear()
-                sent = loop.time()
                 while self._pending:
                     message = self._next_message()
                     if isinstance(message, str):
@@ -401,8 +392,7 @@ class WorkerLinks:
         return WorkerLink(ws, url=worker.url, worker_id=str(hello.get("worker") or
                                                                worker.worker_id),
                           lane=lane, silence_s=silence_limit_s(self._settings, lane),
-                          on_lost=self._forget, max_events=self._settings.max_channel_events,
-                          flush_s=self._settings.link_flush_ms / 1000.0)
+                          on_lost=self._forget, max_events=self._settings.max_channel_events)
 
     async def close(self) -> None:
         tasks = list(self._links.values())

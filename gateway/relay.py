@@ -35,7 +35,6 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, WSMsgType, web
 from redis.exceptions import RedisError
 
-from gateway.frame_tap import FrameTap
 from gateway.replay import ReplayBuffer
 from gateway.workers_client import NoWorkers, Overloaded, WorkerLost, WorkerSession
 from lanegate import metrics
@@ -99,7 +98,6 @@ class Client(Protocol):
 
     ws: web.WebSocketResponse
     shutting_down: bool
-    tap: FrameTap | None  # the socket's audio frames without aiohttp (gateway/frame_tap.py)
 
     async def send(self, event: dict[str, Any]) -> bool: ...
 
@@ -326,10 +324,6 @@ class Relay:
     # --- client -> worker --------------------------------------------------------
 
     async def _pump_client(self) -> Outcome:
-        if self.client.tap is not None:
-            failure = await self._take_directly(self.client.tap)
-            if failure is not None:
-                return failure
         ws = self.client.ws
         while True:
             msg = await ws.receive()
@@ -357,43 +351,19 @@ class Relay:
                 return failure
             await asyncio.sleep(left)
 
-    async def _take_directly(self, tap: FrameTap) -> Failure | None:
-        """The client pump's first phase: the tap hands each audio frame to
-        ``take_audio`` as it arrives, with no wake-up of this task per frame, until the
-        client's first other frame (None: aiohttp reads on from it) or a frame that
-        ends the stream (its ``Failure``)."""
-        ended: asyncio.Future[Failure | None] = asyncio.get_running_loop().create_future()
-
-        def settle(result: Failure | None) -> None:
-            if not ended.done():
-                ended.set_result(result)
-
-        def sink(data: bytes) -> Awaitable[None] | None:
-            taken = self.take_audio(data)
-            if isinstance(taken, Failure):
-                settle(taken)
-                tap.release()
-                return None
-            return None if taken else self._send_waiting(data)
-
-        tap.attach(sink, on_release=lambda: settle(None))
-        try:
-            return await ended
-        finally:
-            tap.release()  # the relay is over, or aiohttp reads on
-
     async def _on_audio(self, data: bytes) -> Failure | None:
-        taken = self.take_audio(data)
+        taken = self._take_audio(data)
         if isinstance(taken, Failure):
             return taken
         if not taken:
             await self._send_waiting(data)
         return None
 
-    def take_audio(self, data: bytes) -> Failure | bool:
+    def _take_audio(self, data: bytes) -> Failure | bool:
         """Check one client frame, record it and queue it for the worker without
-        waiting: the ``Failure`` that ends the stream, True once it is handled, False
-        when the link's batch is full (then ``_send_waiting`` sends it)."""
+        waiting (no coroutine per layer for every frame): the ``Failure`` that ends the
+        stream, True once it is handled, False when the link's batch is full (then
+        ``_send_waiting`` sends it)."""
         settings = self.settings
         if self.ended:
             if self.client.shutting_down:

@@ -24,7 +24,6 @@ from redis.exceptions import RedisError
 
 from gateway.auth import ANONYMOUS, authenticate, lease_member, lease_subject
 from gateway.errors import json_error
-from gateway.frame_tap import FrameTap
 from gateway.intake import UploadError
 from gateway.params import parse_language, parse_sample_rate
 from gateway.relay import Failure, Outcome, Relay
@@ -64,11 +63,9 @@ class StreamSession:
     """One public stream from upgrade to close: admission and the lease here, the
     relay itself in a ``Relay`` once a worker session is open."""
 
-    def __init__(self, request: web.Request, ws: web.WebSocketResponse,
-                 tap: FrameTap | None = None) -> None:
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse) -> None:
         self.request = request
         self.ws = ws
-        self.tap = tap  # the audio frames' way around aiohttp, for the relay to attach
         self.settings = request.app[SETTINGS]
         self.leases = request.app[LEASES]
         self.session_id = uuid.uuid4().hex
@@ -95,8 +92,6 @@ class StreamSession:
         return True
 
     async def close(self, code: int, message: str = "") -> None:
-        if self.tap is not None:
-            self.tap.release()  # aiohttp's close reads the client's close frame
         await self._release_lease()  # before the client sees the close: it may reconnect
         if not self.ws.closed:
             with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
@@ -217,7 +212,6 @@ class StreamSession:
             "duration_s": round(time.monotonic() - self.started, 3),
             "audio_s": round(relay.timeline.audio_ms / 1000.0, 3),
             "failovers": relay.failovers,
-            "frames_direct": 0 if self.tap is None else self.tap.frames,
         }
         log = relay.log  # bound to the worker that served the end (after a failover)
         if isinstance(outcome, Failure):
@@ -240,15 +234,8 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
                                autoclose=False)
     if not ws.can_prepare(request).ok:
         _reject_http(request)
-    tap = (FrameTap.install(request, max_payload=settings.max_frame_bytes)
-           if settings.direct_audio else None)
-    try:
-        await ws.prepare(request)
-    except BaseException:
-        if tap is not None:
-            tap.release()
-        raise
-    return await run_socket(request, StreamSession(request, ws, tap))
+    await ws.prepare(request)
+    return await run_socket(request, StreamSession(request, ws))
 
 
 async def run_socket(request: web.Request, session: StreamSession) -> web.WebSocketResponse:
@@ -267,8 +254,6 @@ async def run_socket(request: web.Request, session: StreamSession) -> web.WebSoc
         await session.send(session.error_event("internal", "internal gateway error"))
         await session.close(WSCloseCode.INTERNAL_ERROR, "internal")
     finally:
-        if session.tap is not None:
-            session.tap.release()
         request.app[SOCKETS].discard(ws)
         request.app[STREAMS].discard(session)
     return ws

@@ -202,18 +202,6 @@ class Settings:
         "too slowly; past it the stream ends with `overloaded` (1013) and its worker "
         "session is abandoned."
     )
-    direct_audio: bool = _s(
-        True, "`/v1/stream` takes a client's audio frames straight off the socket (each "
-        "whole, masked binary frame, until its first other frame) instead of through "
-        "aiohttp's reader: about half of the gateway's CPU per frame. Off: every frame "
-        "through aiohttp."
-    )
-    link_flush_ms: float = _s(
-        4.0, "A gateway's link to a worker sends its queued audio at most once per this "
-        "interval: a link idle for longer sends at once, a busy one gathers the frames of "
-        "many streams into one message (fewer system calls per frame). It adds at most this "
-        "much latency; 0: send every event-loop tick."
-    )
     worker_lost_timeout_s: float = _s(2.0, "A silent worker connection is lost after this.")
     worker_connect_timeout_s: float = _s(
         5.0, "Opening a session on a worker (connect + `accepted`) may take this long before "

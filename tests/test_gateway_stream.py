@@ -208,15 +208,13 @@ async def test_speech_streams_partials_while_sending_and_finals_with_the_words(
     end = await asyncio.to_thread(stream_end_of, stack, ready["session_id"])
     assert end["outcome"] == "done", end
     assert end["audio_s"] == pytest.approx(audio_ms / 1000, abs=0.01)
-    # every audio frame came off the socket around aiohttp's reader (gateway/frame_tap.py)
-    assert end["frames_direct"] == -(-len(pcm) // (rate * 2 * FRAME_MS // 1000))
 
 
 async def test_a_client_that_pings_keeps_its_stream_and_its_words(
     stack: Stack, http: aiohttp.ClientSession, one: tuple[bytes, int]
 ) -> None:
     """Pings between audio frames are answered (aiohttp's client drops a socket whose
-    pong is late: half the heartbeat) and no frame is lost or reordered around them."""
+    pong is late: half the heartbeat) and no frame is lost around them."""
     pcm, rate = one
     run = await stream_speech(http, stack, pcm, rate, heartbeat=0.3)
     assert run.events[-1] == {"type": "done"}, run.events[-3:]
