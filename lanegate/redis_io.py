@@ -43,7 +43,9 @@ def redis_client(url: str, *, socket_timeout: float | None = SOCKET_TIMEOUT_S) -
     }
     if isinstance(target, DirectTarget):
         return aioredis.Redis.from_url(target.url, **options)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    # Sentinel.__init__ is untyped in some redis-py releases (>=5.0 allowed) and typed
+    # in others, so the ignore is needed in one and unused in the other.
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         list(target.sentinels),
         sentinel_kwargs={"socket_connect_timeout": SENTINEL_TIMEOUT_S,
                          "socket_timeout": SENTINEL_TIMEOUT_S,
