@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
     r.add_argument("--rounds", type=positive_int, default=d.rounds,
                    help="rounds of every design; verdicts on the median of the rounds")
+    r.add_argument("--s1-rounds", type=positive_int, default=d.s1_rounds,
+                   help="rounds of scenario 1 (those past --rounds run it alone)")
     r.add_argument("--unstable-margin", type=float, default=d.unstable_margin,
                    help="share of a limit within which disagreeing rounds are 'unstable'")
     r.add_argument("--unstable-z", type=float, default=d.unstable_z,

@@ -318,7 +318,9 @@ def verdicts(doc: dict[str, Any]) -> dict[str, Any]:
 # --- BENCHMARKS.md -----------------------------------------------------------------
 
 METHOD = (
-    "**Method.** A run is `--rounds` rounds (default 3). A round runs every design of "
+    "**Method.** A run is `--rounds` rounds (default 3), and scenario 1 runs in "
+    "`--s1-rounds` (default 5: its ratio of two p99s of 4 streams is the noisiest "
+    "figure, so the rounds past `--rounds` run it alone). A round runs every design of "
     "every chosen scenario once, one after another (scenario 1: `split` alone, `split` "
     "under the flood, `mixed` under the flood; 2: `split-nocap` and `split` with the "
     "dumps; 3: the raw engine's ceiling, then the flood in `split`; 4: cap, no cap; 5: at "
@@ -336,6 +338,17 @@ METHOD = (
     "CPU time the hypervisor stole over it (`/proc/stat`), shown in the Rounds table "
     "beside that round's figures; every round's raw figures are in `results.json` "
     "(`results.rounds`).")
+
+
+def rounds_text(doc: dict[str, Any]) -> str:
+    """How many rounds each scenario ran in (scenario 1 in more, since ``s1_rounds``)."""
+    rounds = doc["results"].get("rounds", [])
+    s1 = sum(1 for rnd in rounds if "s1" in rnd.get("scenarios", ("s1",)))
+    others = sum(1 for rnd in rounds if set(rnd.get("scenarios", ("s2",))) - {"s1"})
+    if s1 == others or not s1 or not others:
+        return f"{len(rounds)} rounds"
+    return f"{others} rounds, scenario 1 in {s1} (`--s1-rounds`: the rounds past " \
+           f"{others} run it alone)"
 
 
 def placement(o: dict[str, Any]) -> str:
@@ -606,7 +619,7 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         f"commit `{m['git_commit'][:10]}`, load average at start {m['load_avg_at_start'][0]:.2f}, "
         f"whole run {r.get('run_wall_s')} s.",
         "",
-        f"{len(ws)} rounds. Windows: {o['duration_s']:.0f} s per pocketsphinx window "
+        f"{rounds_text(doc)}. Windows: {o['duration_s']:.0f} s per pocketsphinx window "
         f"({o['streams']} live streams; scenario 1's alone and split windows "
         f"{o.get('s1_duration_s', o['duration_s']):.0f} s), {o['sim_duration_s']:.0f} s with "
         f"{o['sim_streams']} simulated streams, {o['scale_duration_s']:.0f} s at each of "

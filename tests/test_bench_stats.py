@@ -15,7 +15,16 @@ from bench.attribution import costs
 from bench.attribution import summarize as summarize_attribution
 from bench.machine import parse_perf_csv, parse_proc_stat, steal
 from bench.measure import messages
-from bench.report import disagreement_rule, gateway_round, upgrade, verdict_s1, verdict_s5
+from bench.report import (
+    disagreement_rule,
+    gateway_round,
+    rounds_text,
+    upgrade,
+    verdict_s1,
+    verdict_s5,
+    verdicts,
+)
+from bench.run import Options, round_count, round_scenarios
 from bench.sections import SOAK, WHISPER, kept
 from bench.soak import Sample, latency_by_window
 from bench.soak import judge as soak_judge
@@ -88,6 +97,38 @@ def test_scenario_1_is_judged_on_the_ratio_within_each_round() -> None:
     assert v["checks"][0]["rounds"] == pytest.approx([150 / 140, 290 / 260, 160 / 150])
     rounds[1]["s1_split"] = _window(290, {"connect: OSError": 1})
     assert verdict_s1(rounds, Rule())["verdict"] == "unstable"
+
+
+def test_scenario_1_runs_alone_in_the_rounds_past_the_others() -> None:
+    o = Options(scenarios=("s1", "s2", "s5"), rounds=3, s1_rounds=5)
+    assert round_count(o) == 5
+    assert [sorted(round_scenarios(o, k)) for k in range(5)] == \
+        [["s1", "s2", "s5"]] * 3 + [["s1"]] * 2
+    # without scenario 1 the extra rounds do not exist; fewer s1 rounds than rounds: all run
+    assert round_count(Options(scenarios=("s2",), rounds=3, s1_rounds=5)) == 3
+    short = Options(scenarios=("s1", "s2"), rounds=3, s1_rounds=2)
+    assert round_count(short) == 3
+    assert round_scenarios(short, 2) == {"s1", "s2"}
+
+
+def test_each_scenario_is_judged_on_the_rounds_it_ran_in() -> None:
+    # rounds 4 and 5 ran scenario 1 alone: scenario 2 is judged on its 3 rounds
+    both = {"s1_alone": _window(100), "s1_split": _window(105), "s2_split": _window(120)}
+    rounds = [{"round": k + 1, "scenarios": ["s1", "s2"], "machine": {}, "windows": both}
+              for k in range(3)]
+    rounds += [{"round": k + 4, "scenarios": ["s1"], "machine": {},
+                "windows": {"s1_alone": _window(100), "s1_split": _window(150)}}
+               for k in range(2)]
+    doc = {"options": {"scenarios": ["s1", "s2"]}, "results": {"rounds": rounds}}
+    v = verdicts(doc)
+    ratio_check = v["s1"]["checks"][0]
+    assert (ratio_check["rounds_measured"], ratio_check["rounds_passed"]) == (5, 3)
+    assert ratio_check["median"] == pytest.approx(1.05)
+    assert v["s1"]["verdict"] == "met"  # median 1.05, far under 1.25 - 10 %
+    assert v["s2"]["checks"][0]["rounds_measured"] == 3
+    assert v["s2"]["checks"][1]["rounds_measured"] == 3  # every stream served, 3 rounds
+    assert rounds_text(doc).startswith("3 rounds, scenario 1 in 5")
+    assert rounds_text({"results": {"rounds": rounds[:3]}}) == "3 rounds"
 
 
 def _gateway_round(via_p99: float, direct_p99: float, cpu_s: float) -> dict[str, object]:
