@@ -341,14 +341,16 @@ METHOD = (
 
 
 def rounds_text(doc: dict[str, Any]) -> str:
-    """How many rounds each scenario ran in (scenario 1 in more, since ``s1_rounds``)."""
-    rounds = doc["results"].get("rounds", [])
-    s1 = sum(1 for rnd in rounds if "s1" in rnd.get("scenarios", ("s1",)))
-    others = sum(1 for rnd in rounds if set(rnd.get("scenarios", ("s2",))) - {"s1"})
+    """How many rounds each scenario ran in (scenario 1 in more, since ``s1_rounds``; a
+    round from before then ran every chosen scenario)."""
+    chosen = doc.get("options", {}).get("scenarios", ())
+    ran = [set(rnd.get("scenarios", chosen)) for rnd in doc["results"].get("rounds", [])]
+    s1 = sum("s1" in r for r in ran)
+    others = sum(bool(r - {"s1"}) for r in ran)
     if s1 == others or not s1 or not others:
-        return f"{len(rounds)} rounds"
-    return f"{others} rounds, scenario 1 in {s1} (`--s1-rounds`: the rounds past " \
-           f"{others} run it alone)"
+        return f"{len(ran)} rounds"
+    return (f"{others} rounds, scenario 1 in {s1} (`--s1-rounds`: the rounds past {others} "
+            "run it alone)")
 
 
 def placement(o: dict[str, Any]) -> str:

@@ -145,16 +145,11 @@ class Bench:
     o: Options
     results: dict[str, Any] = field(default_factory=dict)
     stacks: list[dict[str, object]] = field(default_factory=list)
-    running: frozenset[str] = frozenset()  # the current round's scenarios
+    want: frozenset[str] = frozenset()  # the current round's scenarios (round_scenarios)
 
     @property
     def work(self) -> Path:
         return self.o.workdir / "run"
-
-    @property
-    def want(self) -> frozenset[str]:
-        """The scenarios the current round runs (``round_scenarios``)."""
-        return self.running
 
     def speech_pcm(self, name: str, seconds: float, seed: int, gap_s: float = 0.8) -> Path:
         path = self.o.workdir / f"{name}.pcm"
@@ -348,12 +343,12 @@ class Bench:
         self.results["rounds"] = rounds
         total = round_count(self.o)
         for k in range(total):
-            self.running = round_scenarios(self.o, k)
-            rnd: dict[str, Any] = {"round": k + 1, "scenarios": sorted(self.running),
+            self.want = round_scenarios(self.o, k)
+            rnd: dict[str, Any] = {"round": k + 1, "scenarios": sorted(self.want),
                                    "machine": {}, "windows": {}}
             rounds.append(rnd)
             for scenarios, name, step in groups:
-                if not scenarios & self.running:
+                if not scenarios & self.want:
                     continue
                 print(f"round {k + 1}/{total}: {name}", flush=True)
                 moment = Moment()
