@@ -318,9 +318,7 @@ def verdicts(doc: dict[str, Any]) -> dict[str, Any]:
 # --- BENCHMARKS.md -----------------------------------------------------------------
 
 METHOD = (
-    "**Method.** A run is `--rounds` rounds (default 3), and scenario 1 runs in "
-    "`--s1-rounds` (default 5: its ratio of two p99s of 4 streams is the noisiest "
-    "figure, so the rounds past `--rounds` run it alone). A round runs every design of "
+    "**Method.** A run is `--rounds` rounds (default 3){s1_rounds}. A round runs every design of "
     "every chosen scenario once, one after another (scenario 1: `split` alone, `split` "
     "under the flood, `mixed` under the flood; 2: `split-nocap` and `split` with the "
     "dumps; 3: the raw engine's ceiling, then the flood in `split`; 4: cap, no cap; 5: at "
@@ -338,6 +336,15 @@ METHOD = (
     "CPU time the hypervisor stole over it (`/proc/stat`), shown in the Rounds table "
     "beside that round's figures; every round's raw figures are in `results.json` "
     "(`results.rounds`).")
+
+
+def s1_rounds_rule(o: dict[str, Any]) -> str:
+    """The method's words on scenario 1's own rounds, for a run that had them."""
+    if int(o.get("s1_rounds", 0)) <= int(o.get("rounds", 1)) or "s1" not in o["scenarios"]:
+        return ""
+    return (", and scenario 1 runs in `--s1-rounds` (default 5: its ratio of two p99s of 4 "
+            "streams is the noisiest figure, so the rounds past `--rounds` run it alone; "
+            "each scenario is judged on the rounds it ran in)")
 
 
 def rounds_text(doc: dict[str, Any]) -> str:
@@ -632,7 +639,7 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         "`pocketsphinx` for scenarios 1-3, `simulated` for 4-5, named in every stack's "
         "`LANEGATE_ENGINE`.",
         "",
-        METHOD.format(disagree=disagreement_rule(rule_of(o)),
+        METHOD.format(disagree=disagreement_rule(rule_of(o)), s1_rounds=s1_rounds_rule(o),
                       loop=PROBE_LOOP),
         "",
         "## Targets",
