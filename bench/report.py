@@ -338,9 +338,23 @@ METHOD = (
     "(`results.rounds`).")
 
 
-def s1_rounds_rule(o: dict[str, Any]) -> str:
+def scenario_rounds(doc: dict[str, Any]) -> tuple[int, int, int]:
+    """(rounds, rounds with scenario 1, rounds with any other scenario); a round from
+    before ``s1_rounds`` ran every chosen scenario."""
+    chosen = doc.get("options", {}).get("scenarios", ())
+    ran = [set(rnd.get("scenarios", chosen)) for rnd in doc["results"].get("rounds", [])]
+    return len(ran), sum("s1" in r for r in ran), sum(bool(r - {"s1"}) for r in ran)
+
+
+def s1_ran_longer(doc: dict[str, Any]) -> bool:
+    """Scenario 1 ran in more rounds than the others (``--s1-rounds``)."""
+    _, s1, others = scenario_rounds(doc)
+    return s1 > others > 0
+
+
+def s1_rounds_rule(doc: dict[str, Any]) -> str:
     """The method's words on scenario 1's own rounds, for a run that had them."""
-    if int(o.get("s1_rounds", 0)) <= int(o.get("rounds", 1)) or "s1" not in o["scenarios"]:
+    if not s1_ran_longer(doc):
         return ""
     return (", and scenario 1 runs in `--s1-rounds` (default 5: its ratio of two p99s of 4 "
             "streams is the noisiest figure, so the rounds past `--rounds` run it alone; "
@@ -348,16 +362,9 @@ def s1_rounds_rule(o: dict[str, Any]) -> str:
 
 
 def rounds_text(doc: dict[str, Any]) -> str:
-    """How many rounds each scenario ran in (scenario 1 in more, since ``s1_rounds``; a
-    round from before then ran every chosen scenario)."""
-    chosen = doc.get("options", {}).get("scenarios", ())
-    ran = [set(rnd.get("scenarios", chosen)) for rnd in doc["results"].get("rounds", [])]
-    s1 = sum("s1" in r for r in ran)
-    others = sum(bool(r - {"s1"}) for r in ran)
-    if s1 == others or not s1 or not others:
-        return f"{len(ran)} rounds"
-    return (f"{others} rounds, scenario 1 in {s1} (`--s1-rounds`: the rounds past {others} "
-            "run it alone)")
+    """How many rounds each scenario ran in."""
+    total, s1, others = scenario_rounds(doc)
+    return f"{others} rounds, scenario 1 in {s1}" if s1_ran_longer(doc) else f"{total} rounds"
 
 
 def placement(o: dict[str, Any]) -> str:
@@ -639,7 +646,7 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         "`pocketsphinx` for scenarios 1-3, `simulated` for 4-5, named in every stack's "
         "`LANEGATE_ENGINE`.",
         "",
-        METHOD.format(disagree=disagreement_rule(rule_of(o)), s1_rounds=s1_rounds_rule(o),
+        METHOD.format(disagree=disagreement_rule(rule_of(o)), s1_rounds=s1_rounds_rule(doc),
                       loop=PROBE_LOOP),
         "",
         "## Targets",
