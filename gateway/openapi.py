@@ -2,7 +2,8 @@
 (Over 400 lines: it is the document, one schema per route and error body.)
 
 The document is built here from the same constants the handlers check (formats,
-page sizes, sample rates), once per process. ``tests/test_openapi.py`` checks it
+page sizes, sample rates, ``gateway.params.LANGUAGE_PATTERN``, ``JobStatus``), once
+per process: a rule is imported, never copied. ``tests/test_openapi.py`` checks it
 with ``openapi-spec-validator``, checks that it names every route the app
 registers, and runs schemathesis against a live stack with it.
 
@@ -20,19 +21,20 @@ from aiohttp import web
 
 from gateway.openai_compat import RESPONSE_FORMATS as OPENAI_FORMATS
 from gateway.page import STATIC_FILES
+from gateway.params import LANGUAGE_PATTERN
 from gateway.uploads import LIST_DEFAULT, LIST_MAX
 from lanegate.audio import MAX_STREAM_SAMPLE_RATE as MAX_SAMPLE_RATE
 from lanegate.audio import MIN_STREAM_SAMPLE_RATE as MIN_SAMPLE_RATE
 from lanegate.transcript import FORMATS
+from lanes.job_protocol import JobStatus
 
 PATH = "/openapi.json"
 VERSION = "0.1.0"
 
 Schema = dict[str, Any]
 
-#: the job states of ``lanes/jobs.py``
-JOB_STATUSES = ("queued", "processing", "completed", "failed", "cancelled")
-LANGUAGE_PATTERN = r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})?$"
+#: a ``language`` parameter, checked by ``gateway.params.parse_language`` with this pattern
+LANGUAGE: Schema = {"type": "string", "pattern": LANGUAGE_PATTERN}
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 RESULT_TYPES = {
     "json": "application/json",
@@ -98,7 +100,7 @@ def _schemas() -> dict[str, Schema]:
            "properties": {
                "id": {"type": "string", "pattern": JOB_ID_PATTERN},
                "object": {"const": "transcription.job"},
-               "status": {"type": "string", "enum": list(JOB_STATUSES)},
+               "status": {"type": "string", "enum": [s.value for s in JobStatus]},
                "progress": {"type": "number", "minimum": 0, "maximum": 1,
                             "description": "audio done over audio total"},
                "created_at": {"type": "number"}, "updated_at": {"type": "number"},
@@ -130,6 +132,7 @@ def _schemas() -> dict[str, Schema]:
         "Word": word, "Segment": segment, "Transcript": transcript, "Job": job,
         "JobList": job_list, "Error": error, "OpenAIError": openai_error,
         "OpenAITranscription": _openai_json(), "OpenAIVerboseTranscription": _openai_verbose(),
+        "OpenAIVerboseTranslation": _openai_verbose("translate"),
         "Health": {"type": "object", "required": ["status"],
                    "properties": {"status": {"const": "ok"}}},
         "Ready": {"type": "object", "required": ["status"], "properties": {
@@ -157,7 +160,7 @@ def _openai_json() -> Schema:
             "properties": {"text": {"type": "string"}, "usage": _usage()}}
 
 
-def _openai_verbose() -> Schema:
+def _openai_verbose(task: str = "transcribe") -> Schema:
     segment = {"type": "object", "required": ["id", "start", "end", "text"], "properties": {
         "id": {"type": "integer"}, "seek": {"type": "integer"},
         "start": {"type": "number"}, "end": {"type": "number"}, "text": {"type": "string"},
@@ -167,7 +170,7 @@ def _openai_verbose() -> Schema:
     }}
     return {"type": "object", "required": ["task", "language", "duration", "text", "usage"],
             "properties": {
-                "task": {"const": "transcribe"}, "language": {"type": "string"},
+                "task": {"const": task}, "language": {"type": "string"},
                 "duration": {"type": "number"}, "text": {"type": "string"},
                 "segments": {"type": "array", "items": segment},
                 "words": {"type": "array", "items": _ref("Word")},
@@ -190,8 +193,8 @@ def _common(openai: bool = False) -> dict[str, Schema]:
 
 def _upload_options() -> dict[str, Schema]:
     return {
-        "language": {"type": "string", "maxLength": 16,
-                     "description": "language code such as `en` or `en-us`; absent: "
+        "language": {**LANGUAGE,
+                     "description": "language tag such as `en`, `en-US` or `en_US`; absent: "
                                     "detected by the engine (Whisper)"},
         "response_format": {"type": "string", "enum": list(FORMATS), "default": "json"},
         "async": {"type": "string", "enum": ["true", "false"], "default": "false",
@@ -324,8 +327,7 @@ def _openai_transcription() -> Schema:
         "file": {"type": "string", "format": "binary"},
         "model": {"type": "string", "minLength": 1,
                   "description": "required; any name (the configured engine runs)"},
-        "language": {"type": "string", "maxLength": 16,
-                     "description": "absent: detected by the engine (Whisper)"},
+        "language": {**LANGUAGE, "description": "absent: detected by the engine (Whisper)"},
         "prompt": {"type": "string", "description": "Whisper's initial prompt"},
         "response_format": {"type": "string", "enum": list(OPENAI_FORMATS),
                             "default": "json"},
@@ -371,6 +373,25 @@ def _openai_transcription() -> Schema:
     }
 
 
+def _openai_translation() -> Schema:
+    """``/v1/audio/translations``: the transcription's request and answers, with OpenAI's
+    translation fields (no language, stream or granularities)."""
+    operation = _openai_transcription()
+    form = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
+    for name in ("language", "timestamp_granularities[]", "stream"):
+        del form["properties"][name]
+    content = operation["responses"]["200"]["content"]
+    del content["text/event-stream"]
+    content["application/json"] = {"schema": {"oneOf": [
+        _ref("OpenAITranscription"), _ref("OpenAIVerboseTranslation")]}}
+    operation["responses"]["200"]["description"] = \
+        "English text (Whisper's translate task) in `response_format`"
+    operation.update(operationId="createOpenAITranslation",
+                     summary="OpenAI-compatible translation into English (the `openai` "
+                             "SDK's `audio.translations`)")
+    return operation
+
+
 def _stream() -> Schema:
     return {
         "operationId": "openStream",
@@ -385,7 +406,7 @@ def _stream() -> Schema:
             _query("sample_rate", {"type": "integer", "minimum": MIN_SAMPLE_RATE,
                                    "maximum": MAX_SAMPLE_RATE, "default": 16000},
                    "rate of the PCM the client sends"),
-            _query("language", {"type": "string", "pattern": LANGUAGE_PATTERN},
+            _query("language", LANGUAGE,
                    "language tag; absent: detected by the engine (Whisper)"),
             _query("api_key", {"type": "string"}, "the API key, for clients that cannot "
                                                    "set headers (browsers)"),
@@ -495,7 +516,7 @@ def build() -> Schema:
             "description": "ASR gateway: live streams over a WebSocket, uploads as "
                            "realtime answers or batch jobs, an OpenAI-compatible endpoint. "
                            "Errors are JSON `{\"error\": {\"code\", \"message\"}}` "
-                           "(OpenAI's shape on `/v1/audio/transcriptions`). Auth applies "
+                           "(OpenAI's shape on `/v1/audio/*`). Auth applies "
                            "only when `LANEGATE_API_KEYS` is set.",
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
         },
@@ -505,6 +526,7 @@ def build() -> Schema:
             "/v1/transcriptions/{job_id}": {"get": _get_transcription(),
                                             "delete": _delete_transcription()},
             "/v1/audio/transcriptions": {"post": _openai_transcription()},
+            "/v1/audio/translations": {"post": _openai_translation()},
             "/v1/stream": {"get": _stream()},
             "/v1/realtime": {"get": _realtime()},
             **_health_routes(),

@@ -20,19 +20,22 @@ from lanegate.audio import MAX_STREAM_SAMPLE_RATE, MIN_STREAM_SAMPLE_RATE
 NO_LANGUAGE = ""  # detect it
 DEFAULT_SAMPLE_RATE = 16000
 
-_LANGUAGE = re.compile(r"^[a-z]{2,3}(-[a-z0-9]{1,8})*$")
+#: what a ``language`` parameter may be, as sent: this is the rule, and the OpenAPI
+#: document (``gateway/openapi.py``) publishes it as the parameter's pattern
+#: (ECMA-262 and Python read it alike). Empty (or blank): no language.
+LANGUAGE_PATTERN = r"^\s*([A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*)?\s*$"
+_LANGUAGE = re.compile(LANGUAGE_PATTERN)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
 def parse_language(raw: str | None, *, param: str = "language") -> str:
     """The tag, normalized, or ``NO_LANGUAGE`` when none is given."""
-    value = (raw or NO_LANGUAGE).strip().lower().replace("_", "-")
-    if value and not _LANGUAGE.match(value):
+    if raw and not _LANGUAGE.match(raw):
         raise UploadError(400, "invalid_language",
                           f"language {raw!r} is not a language tag such as `en`, `en-US` "
                           "or `en_US`", param=param)
-    return value
+    return (raw or NO_LANGUAGE).strip().lower().replace("_", "-")
 
 
 def parse_sample_rate(raw: str | None, *, param: str = "sample_rate") -> int:

@@ -9,6 +9,7 @@ documented.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -18,9 +19,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
@@ -29,6 +32,7 @@ from stack import REPO, Stack, start_stack
 from gateway.app import create_app
 from gateway.openapi import build
 from lanegate.settings import Settings
+from lanes.job_protocol import JobStatus
 
 KEY = "openapi-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -201,3 +205,44 @@ def test_malformed_multipart_is_a_json_400(stack: Stack, path: str, case: str) -
     error = json.load(refused.value)["error"]
     assert error["code"] == "bad_request"
     assert "multipart" in error["message"]
+
+
+#: language tags as users send them; the first nine are accepted (``en_US`` and
+#: ``zh-Hant-TW`` were refused by the document's own copy of the rule, issue 34)
+LANGUAGES_ACCEPTED = ("en", "EN", "en-US", "en_US", "zh-Hant-TW", "yue", "sr-Latn-RS",
+                      "de-CH-1996", "")
+LANGUAGES_REFUSED = ("e", "english", "en-", "en--us", "en US", "1en", "en-toolongtag",
+                     "en.us", "en;drop")
+
+
+def _parameter_schema(document: dict[str, Any], path: str, name: str) -> dict[str, Any]:
+    for parameter in document["paths"][path]["get"]["parameters"]:
+        if parameter["name"] == name:
+            schema: dict[str, Any] = parameter["schema"]
+            return schema
+    raise AssertionError(f"{path} documents no {name!r}")
+
+
+async def _stream_accepts(url: str, language: str) -> bool:
+    """Open /v1/stream as a client would: ``ready`` (accepted) or ``bad_request``."""
+    async with aiohttp.ClientSession() as http, http.ws_connect(
+            url + "/v1/stream", params={"language": language, "api_key": KEY}) as ws:
+        first = await ws.receive_json(timeout=30)
+        if first["type"] == "ready":
+            return True
+        assert (first["type"], first["code"]) == ("error", "bad_request"), first
+        return False
+
+
+def test_the_document_and_the_stream_endpoint_agree_on_languages(stack: Stack) -> None:
+    validator = Draft202012Validator(_parameter_schema(build(), "/v1/stream", "language"))
+    for language in LANGUAGES_ACCEPTED + LANGUAGES_REFUSED:
+        documented = validator.is_valid(language)
+        accepted = asyncio.run(_stream_accepts(stack.url, language))
+        assert (language, documented) == (language, accepted)
+        assert (language, accepted) == (language, language in LANGUAGES_ACCEPTED)
+
+
+def test_job_statuses_are_the_job_protocols() -> None:
+    job = build()["components"]["schemas"]["Job"]
+    assert job["properties"]["status"]["enum"] == [s.value for s in JobStatus]
