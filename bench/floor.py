@@ -21,7 +21,7 @@ import json
 from aiohttp import WSMsgType, web
 
 from bench.load import BYTES_PER_MS
-from lanegate.loops import use_event_loop
+from lanegate.loops import new_loop
 
 PARTIAL_EVERY_FRAMES = 5
 FINAL_EVERY_FRAMES = 50
@@ -70,8 +70,9 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--quiet", action="store_true", help="send no partials or finals")
     a = p.parse_args()
-    use_event_loop("uvloop")  # the gateway's loop (setting event_loop, default uvloop)
-    web.run_app(make_app(quiet=a.quiet), host="127.0.0.1", port=a.port, print=None, access_log=None)
+    # the gateway's loop (setting event_loop, default uvloop)
+    web.run_app(make_app(quiet=a.quiet), host="127.0.0.1", port=a.port, print=None, access_log=None,
+                loop=new_loop("uvloop"))
 
 
 if __name__ == "__main__":

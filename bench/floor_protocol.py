@@ -26,7 +26,7 @@ from aiohttp._websocket.helpers import websocket_mask as unmask  # aiohttp's C m
 
 from bench.floor import FINAL_EVERY_FRAMES, PARTIAL_EVERY_FRAMES, event
 from bench.load import BYTES_PER_MS
-from lanegate.loops import use_event_loop
+from lanegate.loops import run
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455, section 1.3
 TEXT, BINARY, CLOSE, PING, PONG = 0x1, 0x2, 0x8, 0x9, 0xA
@@ -169,8 +169,7 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--quiet", action="store_true", help="send no partials or finals")
     a = p.parse_args()
-    use_event_loop("uvloop")  # the gateway's loop, as bench.floor
-    asyncio.run(serve_forever(a.port, a.quiet))
+    run(serve_forever(a.port, a.quiet), "uvloop")  # the gateway's loop, as bench.floor
 
 
 if __name__ == "__main__":

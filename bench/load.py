@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.wsclient import OP_TEXT, RawWebSocket, WebSocketError
-from lanegate.loops import use_event_loop
+from lanegate.loops import run
 
 RATE = 16000
 BYTES_PER_MS = RATE * 2 // 1000
@@ -277,8 +277,8 @@ def main(argv: list[str]) -> int:
     raw = json.loads(Path(spec_path).read_text())
     specs = [StreamSpec(**s) for s in raw["streams"]]
     cache = {path: Path(path).read_bytes() for path in {s.pcm_path for s in specs}}
-    use_event_loop("uvloop")  # the clients must cost as little as the server they measure
-    results = asyncio.run(run_all(specs, float(raw["t0_wall"]), cache))
+    # uvloop: the clients must cost as little as the server they measure
+    results = run(run_all(specs, float(raw["t0_wall"]), cache), "uvloop")
     Path(out_path).write_text(json.dumps({"cpu_s": time.process_time(),
                                           "cpus": sorted(os.sched_getaffinity(0)),
                                           "results": [asdict(r) for r in results]}))

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from bench.wsclient import OP_TEXT, RawWebSocket, WebSocketError
-from lanegate.loops import use_event_loop
+from lanegate.loops import run
 
 RATE = 16000
 FRAME_MS = 100
@@ -169,8 +169,7 @@ def main(argv: list[str]) -> int:
     raw = json.loads(Path(spec_path).read_text())
     specs = [PeerSpec(**s) for s in raw["streams"]]
     cache = {p: Path(p).read_bytes() for p in {s.pcm_path for s in specs}}
-    use_event_loop("uvloop")
-    results = asyncio.run(run_all(specs, float(raw["t0_wall"]), cache))
+    results = run(run_all(specs, float(raw["t0_wall"]), cache), "uvloop")
     Path(out_path).write_text(json.dumps({"results": [asdict(r) for r in results]}))
     return 0
 

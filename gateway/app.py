@@ -39,6 +39,7 @@ from gateway.uploads import setup_uploads
 from lanegate import metrics
 from lanegate.addresses import is_loopback_host
 from lanegate.logs import configure_logging, get_logger
+from lanegate.loops import new_loop
 from lanegate.redis_io import redis_client
 from lanegate.settings import Settings, from_args
 from lanes.jobs import JobStore
@@ -146,6 +147,6 @@ def main(args: argparse.Namespace) -> int:
     # longer waits for its job; the job goes on and uploads clean up after themselves)
     web.run_app(create_app(settings), host=settings.host, port=settings.port,
                 print=None, shutdown_timeout=settings.drain_timeout_s + 5.0,
-                access_log=None, handler_cancellation=True)
+                access_log=None, handler_cancellation=True, loop=new_loop(settings.event_loop))
     log.info("gateway_stop")
     return 0

@@ -19,6 +19,7 @@ from aiohttp import web
 from lanegate import metrics
 from lanegate.constants import WorkerLane
 from lanegate.logs import configure_logging, get_logger
+from lanegate.loops import run
 from lanegate.settings import Settings
 from lanes import registry
 
@@ -67,7 +68,7 @@ def main(settings: Settings, lane: WorkerLane,
         get_logger("lanegate.worker").error("worker_needs_redis",
                                             message="set LANEGATE_REDIS_URL or --redis-url")
         return 2
-    return asyncio.run(serve(settings.replace(worker_id=worker_id)))
+    return run(serve(settings.replace(worker_id=worker_id)), settings.event_loop)
 
 
 class WorkerShell:
