@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from lanegate.histograms import histogram_quantile
+
 STEP_METRIC = "lanegate_step_duration_seconds"
 
 
@@ -44,19 +46,8 @@ class Histogram:
                           for le in keys}, self.total + other.total)
 
     def quantile(self, q: float) -> float | None:
-        """Like PromQL histogram_quantile: linear interpolation inside the bucket."""
-        if self.count <= 0:
-            return None
-        rank = q * self.count
-        prev_le, prev_c = 0.0, 0.0
-        for le in sorted(self.buckets):
-            c = self.buckets[le]
-            if c >= rank:
-                if math.isinf(le):
-                    return prev_le  # beyond the last finite bucket: its bound is a floor
-                return prev_le + (le - prev_le) * (rank - prev_c) / max(c - prev_c, 1e-12)
-            prev_le, prev_c = le, c
-        return prev_le
+        """PromQL's histogram_quantile (``lanegate.histograms``, the status page's too)."""
+        return histogram_quantile(sorted(self.buckets.items()), q)
 
     def max_bound(self) -> float | None:
         """The smallest bucket edge that holds every observation (the max is at most it)."""

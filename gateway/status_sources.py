@@ -9,7 +9,6 @@ Histograms and counters are cumulative, so a window is the difference of two sam
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import aiohttp
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from lanegate.histograms import histogram_quantile
 from lanes.registry import WorkerInfo
 
 #: families the gateway itself observes (``lane`` label only)
@@ -100,7 +100,7 @@ class Window:
     counters: dict[tuple[str, str], float]
 
     def quantile_ms(self, family: str, lane: str, q: float) -> float | None:
-        value = quantile(self.histograms.get((family, lane), ()), q)
+        value = histogram_quantile(self.histograms.get((family, lane), ()), q)
         return None if value is None else round(value * 1000, 1)
 
     def count(self, family: str, lane: str) -> int:
@@ -144,19 +144,3 @@ def window(new: Sample, old: Sample | None, started: float) -> Window:
     )
 
 
-def quantile(buckets: Buckets, q: float) -> float | None:
-    """Prometheus's ``histogram_quantile``: linear within the bucket; a rank in the +Inf
-    bucket is the highest finite bound. ``None`` for an empty window."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            if math.isinf(upper):
-                return lower
-            if count == below:
-                return upper
-            return lower + (upper - lower) * (rank - below) / (count - below)
-        lower, below = upper, count
-    return lower

@@ -25,23 +25,14 @@ from phrases import LONG, RAIN
 from stack import REPO
 
 from gateway.status import verdict
-from gateway.status_sources import Sample, quantile, window
+from gateway.status_sources import Sample, window
 
 PY = sys.executable
 CHROMIUM = "/usr/bin/chromium"
 INF = math.inf
 
 
-# --- arithmetic -------------------------------------------------------------------------
-def test_quantile_interpolates_like_prometheus() -> None:
-    buckets = ((0.1, 50.0), (0.3, 90.0), (1.0, 100.0), (INF, 100.0))
-    assert quantile(buckets, 0.5) == pytest.approx(0.1)
-    assert quantile(buckets, 0.7) == pytest.approx(0.2)
-    assert quantile(buckets, 0.99) == pytest.approx(0.3 + 0.7 * 0.9)
-    assert quantile(((0.1, 0.0), (INF, 5.0)), 0.99) == pytest.approx(0.1)  # in +Inf
-    assert quantile(((0.1, 0.0), (INF, 0.0)), 0.5) is None
-
-
+# --- arithmetic (the quantile itself: tests/test_histograms.py) -------------------------
 def test_a_window_is_the_difference_of_two_samples_summed_per_lane() -> None:
     key_a = ("lanegate_step_duration_seconds", "mixed", "w1")
     key_b = ("lanegate_step_duration_seconds", "mixed", "w2")
