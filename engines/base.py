@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from lanegate.constants import SAMPLE_WIDTH
@@ -62,13 +63,22 @@ class Hypothesis:
     language: str = ""  # ISO code the engine used or detected; "" if unknown
 
 
+class Task(StrEnum):
+    """What the decoder writes: the speech's own language, or English (Whisper's
+    ``translate`` task; an English-only engine's transcript already is)."""
+
+    TRANSCRIBE = "transcribe"
+    TRANSLATE = "translate"
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     """What a client may ask of the decoder; an engine ignores what it cannot do."""
 
-    language: str | None = None  # None: detect it (if the engine can)
+    language: str | None = None  # None: detect it (if the engine can); the speech's
     prompt: str = ""  # text that conditions the decoder (Whisper's initial prompt)
     temperature: float = 0.0  # 0: greedy / beam search
+    task: Task = Task.TRANSCRIBE  # TRANSLATE: English text whatever the speech's language
 
 
 DEFAULT_OPTIONS = DecodeOptions()

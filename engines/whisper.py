@@ -57,6 +57,7 @@ from engines.base import (
     Hypothesis,
     Slots,
     StepProfile,
+    Task,
     check_pcm,
 )
 from lanegate.constants import ENGINE_SAMPLE_RATE
@@ -194,6 +195,7 @@ class Job:
     prefix: list[int] = field(default_factory=list)
     prompt: str = ""
     temperature: float = 0.0
+    task: Task = Task.TRANSCRIBE
 
 
 class WhisperStream:
@@ -239,7 +241,7 @@ class WhisperStream:
         self.offset_s = start / RATE
         prefix = [] if self.closing else list(self.committed)
         return Job(as_float(self.audio[start * BYTES_PER_SAMPLE :]), self.language,
-                   prefix, self.options.prompt, self.options.temperature)
+                   prefix, self.options.prompt, self.options.temperature, self.options.task)
 
     def take(self, decoded: Decoded | None) -> None:
         """A decode of all audio so far (None: not worth decoding, no text)."""
@@ -295,7 +297,7 @@ class WhisperEngine:
                                 local_files_only=True)
         self.model: Any = self._fw.model
         self.multilingual = bool(self.model.is_multilingual)
-        self._tokenizers: dict[str, Tokenizer] = {}
+        self._tokenizers: dict[tuple[str, Task], Tokenizer] = {}
         self.beam_size = max(1, settings.beam_size)
         self.batch_size = max(1, settings.whisper_batch_size)
         self.pad_samples = settings.whisper_pad_ms * RATE // 1000
@@ -334,14 +336,16 @@ class WhisperEngine:
         return options
 
     # --- tokenizer ------------------------------------------------------------------
-    def tokenizer(self, language: str | None) -> Tokenizer:
-        key = language or ""
+    def tokenizer(self, language: str | None, task: Task = Task.TRANSCRIBE) -> Tokenizer:
+        """The tokenizer whose start sequence asks for ``language`` and ``task`` (an
+        English-only model has neither token: it transcribes English)."""
+        key = (language or "", task)
         tok = self._tokenizers.get(key)
         if tok is None:
             if language is not None and self.multilingual and \
                     language not in self._fw.supported_languages:
                 raise ValueError(f"Whisper does not know language {language!r}")
-            tok = Tokenizer(self._fw.hf_tokenizer, self.multilingual, task="transcribe",
+            tok = Tokenizer(self._fw.hf_tokenizer, self.multilingual, task=task.value,
                             language=(language or "en") if self.multilingual else None)
             self._tokenizers[key] = tok
         return tok
@@ -388,7 +392,8 @@ class WhisperEngine:
         for off in range(0, len(order), self.batch_size):
             batch = order[off : off + self.batch_size]
             jobs = [Job(as_float(segments[i])[: self.max_audio_samples], options.language,
-                        [], options.prompt, options.temperature) for i in batch]
+                        [], options.prompt, options.temperature, options.task)
+                    for i in batch]
             for index, decoded in zip(batch, self.decode(jobs), strict=True):
                 out[index] = _hypothesis(decoded)
         return out
@@ -417,7 +422,8 @@ class WhisperEngine:
         texts = [drop_repeats(r.sequences_ids[0], self._eot, ts_begin, len(j.audio) / RATE,
                               self._words_of)
                  for r, j in zip(results, jobs, strict=True)]
-        words = self._align(encoded, texts, languages, [len(j.audio) for j in jobs])
+        words = self._align(encoded, texts, languages, [len(j.audio) for j in jobs],
+                            jobs[0].task)
         decode_s = time.perf_counter() - started - encode_s
         self._profile = StepProfile(
             len(jobs), frames, encode_s,
@@ -438,7 +444,7 @@ class WhisperEngine:
                 for j, found in zip(jobs, detected, strict=True)]
 
     def _prompt(self, job: Job, language: str) -> list[int]:
-        tok = self.tokenizer(language)
+        tok = self.tokenizer(language, job.task)
         prompt: list[int] = []
         if job.prompt:
             prompt += [tok.sot_prev, *tok.encode(" " + job.prompt.strip())[-(223):]]
@@ -477,13 +483,13 @@ class WhisperEngine:
                         and logprob < self.logprob_threshold / 2))
 
     def _align(self, encoded: Any, texts: list[list[int]], languages: list[str],
-               samples: list[int]) -> list[list[tuple[Word, list[int]]]]:
+               samples: list[int], task: Task) -> list[list[tuple[Word, list[int]]]]:
         """Each sequence's words, timed, with their tokens."""
         if not any(texts):
             return [[] for _ in texts]
         # One start sequence serves the batch (the aligner takes one); the language
-        # token barely moves the cross-attention the timings come from.
-        tok = self.tokenizer(languages[0])
+        # and task tokens barely move the cross-attention the timings come from.
+        tok = self.tokenizer(languages[0], task)
         num_frames = [max(1, n * FRAMES_PER_S // RATE) for n in samples]
         aligned = self._fw.find_alignment(tok, [t or [tok.eot] for t in texts], encoded,
                                           num_frames)

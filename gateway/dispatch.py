@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from engines.base import Task
 from gateway.intake import Upload, UploadError, decode, receive
 from gateway.realtime_upload import (
     OnSegment,
@@ -59,6 +60,7 @@ class UploadAsk:
     subject: str = ""
     prompt: str = ""  # conditions the decoder (Whisper's initial prompt)
     temperature: float | None = None  # None: the engine's default (greedy)
+    task: Task = Task.TRANSCRIBE  # TRANSLATE: English text (Whisper's translate task)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,8 @@ async def _transcribe_now(app: web.Application, upload_id: str, decoded: Decoded
         transcript = await transcribe_realtime(
             app, decoded.path, session_id=upload_id, subject=ask.subject or ask.tenant,
             language=ask.language, duration=decoded.seconds, timeout_s=timeout,
-            on_segment=on_segment, prompt=ask.prompt, temperature=ask.temperature)
+            on_segment=on_segment, prompt=ask.prompt, temperature=ask.temperature,
+            task=ask.task)
     except RealtimeUnavailable as exc:
         log.info("realtime_unavailable", job_id=upload_id, lane=Lane.REALTIME, reason=str(exc))
         return None
@@ -175,6 +178,7 @@ async def _submit_job(app: web.Application, upload: Upload, decoded: DecodedAudi
         job, created = await uncancelled(jobs.submit(
             job_id=upload.upload_id, tenant=ask.tenant, audio_seconds=decoded.seconds,
             language=ask.language, prompt=ask.prompt, temperature=ask.temperature,
+            task=ask.task,
             response_format=ask.response_format,
             webhook_url=ask.webhook_url, filename=upload.filename,
             idempotency_key=ask.idempotency_key))

@@ -28,6 +28,7 @@ from typing import Any, cast
 import aiohttp
 from aiohttp import WSCloseCode, web
 
+from engines.base import Task
 from gateway.state import HTTP, LINKS, SETTINGS
 from lanegate import metrics
 from lanegate.constants import (
@@ -133,10 +134,10 @@ class WorkerLink:
     # --- channels ------------------------------------------------------------------
     def open(self, *, session_id: str, sample_rate: int, language: str,
              vad: dict[str, int | None] | None = None, prompt: str = "",
-             temperature: float | None = None) -> Channel:
+             temperature: float | None = None, task: Task = Task.TRANSCRIBE) -> Channel:
         """A new channel; the worker's answer (``accepted`` or ``error``) is its first event.
-        An empty ``language`` asks the engine to detect it; ``prompt`` and ``temperature``
-        go out only when given."""
+        An empty ``language`` asks the engine to detect it; ``prompt``, ``temperature``
+        and ``task`` go out only when given (``task`` when not the default)."""
         channel = Channel(self, self._new_number())
         if self.lost is not None:
             channel.ended = True
@@ -151,6 +152,8 @@ class WorkerLink:
             op["prompt"] = prompt
         if temperature is not None:
             op["temperature"] = temperature
+        if task is not Task.TRANSCRIBE:
+            op["task"] = task.value
         self.send_op(op)
         return channel
 

@@ -1,4 +1,4 @@
-"""OpenAI-compatible ``POST /v1/audio/transcriptions``.
+"""OpenAI-compatible ``POST /v1/audio/transcriptions`` and ``POST /v1/audio/translations``.
 
 The request is OpenAI's multipart shape, so the official ``openai`` SDK and the
 tools built on it work with ``base_url`` pointed at lanegate. Honoured fields:
@@ -19,6 +19,13 @@ no async: audio routed to the batch lane becomes a job and the request waits for
 it (up to ``wait_base_s + wait_per_audio_s x duration``; then 504 naming the
 job, which goes on and can be fetched from ``/v1/transcriptions/{id}``). Errors use OpenAI's body
 ``{"error": {"message", "type", "param", "code"}}``.
+
+``/v1/audio/translations`` is the same request with Whisper's ``translate`` task: English
+text whatever language is spoken (detected; OpenAI's translations take no ``language``),
+in the same ``response_format``s, served on the same lanes. Its fields are ``file``,
+``model``, ``prompt``, ``response_format`` and ``temperature``, as OpenAI's; no
+``stream`` or timestamp granularities. An English-only engine (pocketsphinx) cannot
+translate: it transcribes as it always does.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from engines.base import Task
 from gateway.auth import lease_subject, tenant_of
 from gateway.dispatch import (
     Transcribed,
@@ -53,6 +62,7 @@ from lanes.routing import Lane, wait_timeout_s
 log = get_logger("gateway.openai")
 
 PATH = "/v1/audio/transcriptions"
+TRANSLATIONS_PATH = "/v1/audio/translations"
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 #: the formats ``stream=true`` takes (OpenAI streams text events only)
 STREAM_FORMATS = ("json", "text")
@@ -62,6 +72,8 @@ FIELDS = frozenset({
     "model", "language", "prompt", "response_format", "temperature",
     "timestamp_granularities[]", "timestamp_granularities", "stream",
 })
+#: the fields ``/v1/audio/translations`` reads (OpenAI's: no language, stream or granularities)
+TRANSLATION_FIELDS = frozenset({"model", "prompt", "response_format", "temperature"})
 
 #: the SDK announces its read timeout; the wait for a batch job ends before it
 CLIENT_TIMEOUT_HEADER = "x-stainless-read-timeout"
@@ -87,16 +99,19 @@ class OpenAIOptions:
     stream: bool = False
     prompt: str = ""
     temperature: float | None = None
+    task: Task = Task.TRANSCRIBE
 
 
 def _ask(request: web.Request, tenant: str, options: OpenAIOptions) -> UploadAsk:
     return UploadAsk(tenant=tenant, language=options.language, prompt=options.prompt,
-                     temperature=options.temperature, subject=lease_subject(request, tenant))
+                     temperature=options.temperature, task=options.task,
+                     subject=lease_subject(request, tenant))
 
 
 def setup_openai(app: web.Application) -> None:
-    """Register ``POST /v1/audio/transcriptions`` on ``app``."""
+    """Register ``POST /v1/audio/transcriptions`` and ``/v1/audio/translations``."""
     app.router.add_post(PATH, create_transcription)
+    app.router.add_post(TRANSLATIONS_PATH, create_translation)
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -156,6 +171,22 @@ def parse_openai_options(upload: Upload) -> OpenAIOptions:
                          temperature=temperature)
 
 
+def parse_translation_options(upload: Upload) -> OpenAIOptions:
+    """A translation's options: a transcription's minus the language (detected), the
+    stream and the granularities, with the ``translate`` task."""
+    model = (upload.get("model") or "").strip()
+    if not model:
+        raise UploadError(400, "missing_required_parameter",
+                          "you must provide a model parameter", param="model")
+    return OpenAIOptions(model=model, language="",
+                         response_format=parse_format(upload.get("response_format"),
+                                                      RESPONSE_FORMATS),
+                         granularities=frozenset(),
+                         prompt=(upload.get("prompt") or "").strip(),
+                         temperature=_temperature(upload.get("temperature")),
+                         task=Task.TRANSLATE)
+
+
 def _temperature(raw: str | None) -> float | None:
     """The temperature asked for, or None (the engine's default)."""
     if raw is None or raw == "":
@@ -194,16 +225,19 @@ def render(transcript: Transcript, options: OpenAIOptions,
     usage = {"type": "duration", "seconds": math.ceil(transcript.duration)}
     if fmt == "json":
         return web.json_response({"text": transcript.text, "usage": usage}, headers=headers)
-    return web.json_response({**verbose_json(transcript, options.granularities),
+    return web.json_response({**verbose_json(transcript, options.granularities, options.task),
                               "usage": usage}, headers=headers)
 
 
-def verbose_json(transcript: Transcript, granularities: frozenset[str]) -> dict[str, Any]:
+def verbose_json(transcript: Transcript, granularities: frozenset[str],
+                 task: Task = Task.TRANSCRIBE) -> dict[str, Any]:
     """OpenAI's ``verbose_json``. Whisper-only numbers (tokens, log-probabilities,
-    compression ratio) have neutral placeholder values."""
+    compression ratio) have neutral placeholder values. A translation's ``language``
+    is the output's, always ``english`` (as OpenAI's)."""
+    language = "en" if task is Task.TRANSLATE else transcript.language.split("-")[0]
     body: dict[str, Any] = {
-        "task": "transcribe",
-        "language": LANGUAGE_NAMES.get(transcript.language.split("-")[0], transcript.language),
+        "task": task.value,
+        "language": LANGUAGE_NAMES.get(language, transcript.language),
         "duration": round(transcript.duration, 3),
         "text": transcript.text,
     }
@@ -252,10 +286,21 @@ def _job_wait_s(request: web.Request, decoded: DecodedAudio) -> float:
 
 
 async def create_transcription(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/audio/transcriptions``."""
+    return await _answer(request, FIELDS, parse_openai_options)
+
+
+async def create_translation(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/audio/translations``: the same, with Whisper's ``translate`` task."""
+    return await _answer(request, TRANSLATION_FIELDS, parse_translation_options)
+
+
+async def _answer(request: web.Request, fields: frozenset[str],
+                  parse: Callable[[Upload], OpenAIOptions]) -> web.StreamResponse:
     tenant = _tenant(request)
     try:
         upload, options, decoded = await take_upload(
-            request, fields=FIELDS, strict=False, raw_allowed=False, parse=parse_openai_options)
+            request, fields=fields, strict=False, raw_allowed=False, parse=parse)
         if options.stream:
             return await stream_transcription(request, upload, options, decoded, tenant)
         served = await serve_upload(request.app, upload, decoded,

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from redis.exceptions import RedisError
 
+from engines.base import Task
 from gateway.auth import lease_member
 from gateway.state import LEASES, UPLOAD_POOL
 from gateway.workers_client import (
@@ -56,8 +57,8 @@ class RealtimeFailed(Exception):
 async def transcribe_realtime(app: web.Application, pcm: Path, *, session_id: str,
                               subject: str, language: str, duration: float,
                               timeout_s: float, on_segment: OnSegment | None = None,
-                              prompt: str = "", temperature: float | None = None
-                              ) -> Transcript:
+                              prompt: str = "", temperature: float | None = None,
+                              task: Task = Task.TRANSCRIBE) -> Transcript:
     """Transcribe ``pcm`` (16 kHz s16le mono) on a realtime worker.
 
     Raises :class:`RealtimeUnavailable` when ``subject`` (the API key, or the client
@@ -69,7 +70,7 @@ async def transcribe_realtime(app: web.Application, pcm: Path, *, session_id: st
     """
     await admit(app, subject, session_id)
     try:
-        decoding = Decoding(language, prompt, temperature)
+        decoding = Decoding(language, prompt, temperature, task)
         segments, languages = await _transcribe(app, pcm, session_id=session_id,
                                                 decoding=decoding, timeout_s=timeout_s,
                                                 on_segment=on_segment)
@@ -103,6 +104,7 @@ class Decoding:
     language: str
     prompt: str
     temperature: float | None
+    task: Task
 
 
 async def _transcribe(app: web.Application, pcm: Path, *, session_id: str, decoding: Decoding,
@@ -112,7 +114,7 @@ async def _transcribe(app: web.Application, pcm: Path, *, session_id: str, decod
         session = await open_worker_session(
             app, session_id=session_id, sample_rate=ENGINE_SAMPLE_RATE,
             language=decoding.language, prompt=decoding.prompt,
-            temperature=decoding.temperature)
+            temperature=decoding.temperature, task=decoding.task)
     except (Overloaded, NoWorkers) as exc:
         raise RealtimeUnavailable(str(exc) or type(exc).__name__) from exc
     try:

@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from engines.base import Task
 from gateway.links import Channel, LinkRefused, Lost, silence_limit_s
 from gateway.state import LINKS, REDIS, SETTINGS
 from lanegate.logs import get_logger
@@ -137,6 +138,7 @@ class WorkerSession:
 async def _try_worker(
     app: web.Application, worker: WorkerInfo, *, session_id: str, sample_rate: int,
     language: str, vad: VadOverrides | None, prompt: str, temperature: float | None,
+    task: Task,
 ) -> WorkerSession | str:
     """A session on ``worker``, or the reason it refused (``overloaded``/``unreachable``)."""
     try:
@@ -146,7 +148,7 @@ async def _try_worker(
                     error=str(exc) or type(exc).__name__)
         return "unreachable"
     channel = link.open(session_id=session_id, sample_rate=sample_rate, language=language,
-                        vad=vad, prompt=prompt, temperature=temperature)
+                        vad=vad, prompt=prompt, temperature=temperature, task=task)
     try:
         async with asyncio.timeout(app[SETTINGS].worker_connect_timeout_s):
             first = await channel.events.get()
@@ -183,7 +185,7 @@ def _next_worker(workers: list[WorkerInfo], tried: frozenset[str]) -> WorkerInfo
 async def open_worker_session(
     app: web.Application, *, session_id: str, sample_rate: int, language: str,
     vad: VadOverrides | None = None, exclude: frozenset[str] = frozenset(),
-    prompt: str = "", temperature: float | None = None,
+    prompt: str = "", temperature: float | None = None, task: Task = Task.TRANSCRIBE,
 ) -> WorkerSession:
     """Open a session on the least-loaded live realtime worker with a free slot, other
     than the workers in ``exclude`` (a failover's recently lost ones: the registry lists a dead
@@ -192,7 +194,8 @@ async def open_worker_session(
     ``vad`` overrides the worker's VAD settings for this session (fields in
     ``workers/validation.py``, ``VAD_FIELDS``; ``endpoint_silence_ms: None`` is
     endpointing off). An empty ``language`` is detected by the engine; ``prompt`` and
-    ``temperature`` (None: the engine's default) condition its decoder.
+    ``temperature`` (None: the engine's default) condition its decoder; ``task``
+    TRANSLATE asks for English text (Whisper's translate task).
 
     Raises ``NoWorkers`` when no realtime worker is alive or reachable and
     ``Overloaded`` when every live one is full or refused; both at once, never
@@ -208,7 +211,7 @@ async def open_worker_session(
         tried.add(worker.worker_id)
         result = await _try_worker(app, worker, session_id=session_id,
                                    sample_rate=sample_rate, language=language, vad=vad,
-                                   prompt=prompt, temperature=temperature)
+                                   prompt=prompt, temperature=temperature, task=task)
         if isinstance(result, WorkerSession):
             return result
         refusals.append(result)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.base import DecodeOptions
+from engines.base import DecodeOptions, Task
 from lanegate.constants import ENGINE_SAMPLE_RATE
 from lanegate.transcript import Segment
 from lanes.job_protocol import Delivery
@@ -34,11 +34,12 @@ class HeldJob:
     detected: list[str] = field(default_factory=list)  # the engine's language per segment
     prompt: str = ""  # the decoder's initial prompt
     temperature: float | None = None  # None: the engine's default
+    task: Task = Task.TRANSCRIBE  # TRANSLATE: English text (Whisper's translate task)
 
     @property
     def options(self) -> DecodeOptions:
         """The decoder options its segments are decoded with ("" language: detected)."""
-        return decode_options(self.language, self.prompt, self.temperature)
+        return decode_options(self.language, self.prompt, self.temperature, self.task)
 
     @property
     def result_language(self) -> str:

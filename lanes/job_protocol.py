@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from engines.base import Task
 from lanegate.constants import FAIR_WAITING_KEY, JOB_KEY, TENANT_OPEN_KEY
 from lanegate.webhooks import SCHEDULE_WEBHOOK_LUA
 
@@ -78,6 +79,7 @@ class Job:
     partial_text: str = ""  # text of the segments decoded so far (internal, not public)
     prompt: str = ""  # the decoder's initial prompt (internal, not public)
     temperature: float | None = None  # None: the engine's default
+    task: Task = Task.TRANSCRIBE  # TRANSLATE: English text (internal, not public)
 
     @property
     def terminal(self) -> bool:
@@ -126,6 +128,7 @@ class Job:
             partial_text=raw.get("partial_text") or "",
             prompt=raw.get("prompt") or "",
             temperature=_opt_float(raw.get("temperature", "")),
+            task=Task(raw.get("task") or Task.TRANSCRIBE),
         )
 
 
@@ -136,7 +139,8 @@ def _ms(value: float | None) -> float | None:
 def new_job_hash(*, job_id: str, tenant: str, now: float, audio_seconds: float,
                  language: str, response_format: str, webhook_url: str | None,
                  filename: str | None, prompt: str = "",
-                 temperature: float | None = None) -> dict[str, str]:
+                 temperature: float | None = None,
+                 task: Task = Task.TRANSCRIBE) -> dict[str, str]:
     """Every field of a just-submitted job (``Job.from_hash`` reads them back)."""
     return {
         "id": job_id, "tenant": tenant, "status": JobStatus.QUEUED, "created_at": repr(now),
@@ -145,6 +149,7 @@ def new_job_hash(*, job_id: str, tenant: str, now: float, audio_seconds: float,
         "error": "", "language": language, "response_format": response_format,
         "webhook_url": webhook_url or "", "filename": filename or "", "worker": "",
         "prompt": prompt, "temperature": "" if temperature is None else repr(temperature),
+        "task": task.value,
     }
 
 

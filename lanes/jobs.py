@@ -23,6 +23,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from engines.base import Task
 from lanegate.blobs import BlobError, BlobStore
 from lanegate.constants import (
     FAIR_RING_KEY,
@@ -87,11 +88,13 @@ class JobStore:
         response_format: str = "json", webhook_url: str | None = None,
         filename: str | None = None, idempotency_key: str | None = None,
         prompt: str = "", temperature: float | None = None,
+        task: Task = Task.TRANSCRIBE,
     ) -> tuple[Job, bool]:
         """Queue the job whose audio blob ``job_id`` the caller has written.
 
         An empty ``language`` is detected by the engine (the result reports it);
-        ``prompt`` and ``temperature`` (None: the engine's default) condition its decoder.
+        ``prompt`` and ``temperature`` (None: the engine's default) condition its decoder;
+        ``task`` TRANSLATE asks for English text (Whisper's translate task).
         Returns ``(job, created)``. The same ``tenant`` + ``idempotency_key``
         within ``idempotency_ttl_s`` returns the first job with ``created=False``
         (the check and the write are one script, so two racing requests make one
@@ -104,7 +107,7 @@ class JobStore:
                 job_id=job_id, tenant=tenant, audio_seconds=audio_seconds, language=language,
                 response_format=response_format, webhook_url=webhook_url,
                 filename=filename, idempotency_key=idempotency_key,
-                prompt=prompt, temperature=temperature,
+                prompt=prompt, temperature=temperature, task=task,
             )
             job = await self.get(job_ref, tenant)
             if job is not None:
@@ -117,12 +120,14 @@ class JobStore:
         self, *, job_id: str, tenant: str, audio_seconds: float, language: str,
         response_format: str, webhook_url: str | None, filename: str | None,
         idempotency_key: str | None, prompt: str, temperature: float | None,
+        task: Task,
     ) -> tuple[str, bool]:
         now = time.time()
         fields = new_job_hash(job_id=job_id, tenant=tenant, now=now,
                               audio_seconds=audio_seconds, language=language,
                               response_format=response_format, webhook_url=webhook_url,
-                              filename=filename, prompt=prompt, temperature=temperature)
+                              filename=filename, prompt=prompt, temperature=temperature,
+                              task=task)
         flat = [item for pair in fields.items() for item in pair]
         use_idem = idempotency_key is not None
         keys = [

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from engines.base import BYTES_PER_SAMPLE, DecodeOptions, EngineStream, Hypothesis
+from engines.base import BYTES_PER_SAMPLE, DecodeOptions, EngineStream, Hypothesis, Task
 from engines.resample import StreamResampler
 from lanegate.constants import ENGINE_SAMPLE_RATE
 from lanegate.transcript import Word
@@ -61,9 +61,10 @@ def ms(samples: int) -> int:
 
 
 def decode_options(language: object = None, prompt: object = None,
-                   temperature: object = None) -> DecodeOptions:
+                   temperature: object = None, task: object = None) -> DecodeOptions:
     """A session's decoder options from its wire values (None or "" where absent);
-    ``ValueError`` names the bad one. ``en-US`` is passed on as ``en``."""
+    ``ValueError`` names the bad one. ``en-US`` is passed on as ``en``; ``task`` is
+    ``transcribe`` (the default) or ``translate`` (English text)."""
     if language is not None and not isinstance(language, str):
         raise ValueError("language must be a string")
     if prompt is not None and not isinstance(prompt, str):
@@ -76,8 +77,11 @@ def decode_options(language: object = None, prompt: object = None,
             raise ValueError("temperature must be a number") from None
         if not 0.0 <= temp <= 1.0:
             raise ValueError("temperature must be from 0 to 1")
+    if task not in (None, "") and task not in tuple(Task):
+        raise ValueError(f"task must be one of {', '.join(Task)}")
     code = (language or "").strip().lower().split("-")[0] or None
-    return DecodeOptions(language=code, prompt=prompt or "", temperature=temp)
+    return DecodeOptions(language=code, prompt=prompt or "", temperature=temp,
+                         task=Task(str(task)) if task else Task.TRANSCRIBE)
 
 
 class RealtimeSession:

@@ -29,7 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engines import Hypothesis, create_engine
-from engines.base import DecodeOptions
+from engines.base import DecodeOptions, Task
 from engines.simulated import FAULT_EXIT_CODE, words_of
 from lanegate.blobs import new_id
 from lanegate.constants import DEAD_LETTER_STREAM, JOB_GROUP, JOB_STREAM, RESULT_KEY
@@ -510,7 +510,8 @@ async def test_each_job_is_decoded_with_its_own_options(
         seen.append((options, len(pcms)))
         return await asyncio.to_thread(holder[0].engine.transcribe_batch, pcms, options)
 
-    asks = [{"language": "de-AT", "prompt": "Wien"}, {"temperature": 0.5}, {}]
+    asks = [{"language": "de-AT", "prompt": "Wien"}, {"temperature": 0.5}, {},
+            {"task": Task.TRANSLATE}]
     jobs = [await env.submit(long_pcm[: 15 * 32000], **ask) for ask in asks]
     consumer = await consumer_factory(env, decode=decode)
     holder.append(consumer)
@@ -518,7 +519,7 @@ async def test_each_job_is_decoded_with_its_own_options(
         assert (await env.until(job_id, lambda j: j.terminal)).status == "completed"
     assert {options for options, _ in seen} == {
         DecodeOptions(language="de", prompt="Wien"), DecodeOptions(temperature=0.5),
-        DecodeOptions()}
+        DecodeOptions(), DecodeOptions(task=Task.TRANSLATE)}
     result = await env.store.result(jobs[0], "t1")
     assert result is not None
     assert result.language == "de-AT"

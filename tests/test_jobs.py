@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 from conftest import RedisServer
 
+from engines.base import Task
 from lanegate.blobs import BlobStore, new_id
 from lanegate.constants import (
     DEAD_LETTER_STREAM,
@@ -103,13 +104,16 @@ async def test_submit_get_and_public_json(env: Env) -> None:
 
 async def test_decoder_options_are_kept_and_stay_internal(env: Env) -> None:
     store, _, _, _ = env
-    asked, _ = await submit(store, prompt="Kubernetes, Redis", temperature=0.4)
+    asked, _ = await submit(store, prompt="Kubernetes, Redis", temperature=0.4,
+                            task=Task.TRANSLATE)
     plain, _ = await submit(store)
     assert (await store.get(asked.id, "t1")) == asked
-    assert (asked.language, asked.prompt, asked.temperature) == ("", "Kubernetes, Redis", 0.4)
-    assert (plain.language, plain.prompt, plain.temperature) == ("", "", None)
+    assert (asked.language, asked.prompt, asked.temperature, asked.task) == (
+        "", "Kubernetes, Redis", 0.4, Task.TRANSLATE)
+    assert (plain.language, plain.prompt, plain.temperature, plain.task) == (
+        "", "", None, Task.TRANSCRIBE)
     assert asked.to_public()["language"] == ""  # none asked: the result reports the detected
-    assert {"prompt", "temperature"}.isdisjoint(asked.to_public())
+    assert {"prompt", "temperature", "task"}.isdisjoint(asked.to_public())
 
 
 async def test_submit_rejects_ids_that_are_not_blob_ids(env: Env) -> None:

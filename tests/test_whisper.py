@@ -16,6 +16,7 @@ from conftest import read_pcm, synthesize
 from phrases import FRIENDLY, SENTENCE_RECALL, TRAFFIC, recall
 
 from engines import DecodeOptions, NoFreeSlot, models
+from engines.base import Task
 from engines.whisper import Decoded, WhisperEngine, WhisperStream, drop_repeats
 from lanegate.settings import Settings
 from lanegate.transcript import Word
@@ -80,6 +81,28 @@ def test_spanish_is_detected_without_a_language(
     final = stream.finish()
     stream.close()
     assert final.language == "es", final
+
+
+#: Whisper base translates this espeak-ng Spanish into "... I like the coffee very much."
+COFFEE = "Buenos días. Me gusta mucho el café."
+
+
+def test_the_translate_task_gives_english_in_both_lanes(
+        whisper: WhisperEngine, tmp_path: Path) -> None:
+    pcm, _ = read_pcm(synthesize(COFFEE, tmp_path / "es.wav", voice="es"))
+    spanish = whisper.transcribe_batch([pcm])[0]
+    batch = whisper.transcribe_batch([pcm], DecodeOptions(task=Task.TRANSLATE))[0]
+    stream = whisper.open_stream(DecodeOptions(task=Task.TRANSLATE))
+    for c in chunks(pcm + bytes(16000), 16000):
+        whisper.step([(stream, c)])
+    final = stream.finish()
+    stream.close()
+    assert {"gusta", "mucho"} <= set(spanish.text.lower().replace(",", "").split()), spanish
+    for hyp in (batch, final):
+        words = set(hyp.text.lower().replace(",", "").replace(".", "").split())
+        assert {"like", "coffee"} <= words, hyp
+        assert hyp.language == "es", hyp  # the speech's language, detected
+        assert [w.word for w in hyp.words] == hyp.text.split()
 
 
 def test_a_given_language_is_used(whisper: WhisperEngine, tmp_path: Path) -> None:

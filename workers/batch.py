@@ -37,7 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from engines.base import DEFAULT_OPTIONS, DecodeOptions, Hypothesis
+from engines.base import DEFAULT_OPTIONS, DecodeOptions, Hypothesis, Task
 from lanegate import metrics
 from lanegate.blobs import BlobError, BlobStore
 from lanegate.constants import ENGINE_SAMPLE_RATE, SAMPLE_WIDTH, WorkerLane
@@ -82,7 +82,7 @@ class BatchEngine(Protocol):
 def _by_options(batch: list[tuple[HeldJob, int]], pcms: list[bytes]
                 ) -> dict[DecodeOptions, list[tuple[HeldJob, int, bytes]]]:
     """The batch's segments grouped by their job's decoder options (language, prompt,
-    temperature): one engine call decodes one group."""
+    temperature, task): one engine call decodes one group."""
     groups: dict[DecodeOptions, list[tuple[HeldJob, int, bytes]]] = {}
     for (held, index), pcm in zip(batch, pcms, strict=True):
         groups.setdefault(held.options, []).append((held, index, pcm))
@@ -241,7 +241,8 @@ class BatchConsumer:
         held = HeldJob(d, started.attempt, job.language if job else "", path, segments,
                        samples, time.monotonic(), isolated=started.attempt > 1,
                        prompt=job.prompt if job else "",
-                       temperature=job.temperature if job else None)
+                       temperature=job.temperature if job else None,
+                       task=job.task if job else Task.TRANSCRIBE)
         self._held[d.job_id] = held
         jlog.info("job_started", attempt=started.attempt, audio_s=round(held.audio_s, 3),
                   segments=len(segments),

@@ -241,7 +241,7 @@ class RealtimeWorker:
                      options: Mapping[str, Any] | None = None) -> SessionHandle:
         """A new session in the step loop; ``Overloaded`` while draining or full,
         ``BadRequest`` for bad ``vad`` settings (``validation.session_vad``) or options.
-        ``options``: the gateway's ``language``, ``prompt``, ``temperature``."""
+        ``options``: the gateway's ``language``, ``prompt``, ``temperature``, ``task``."""
         vad_settings = session_vad(vad, self._vad)
         if self.draining:
             raise Overloaded("worker is draining")
@@ -250,7 +250,8 @@ class RealtimeWorker:
         opts = options or {}
         try:
             stream = self.engine.open_stream(decode_options(
-                opts.get("language"), opts.get("prompt"), opts.get("temperature")))
+                opts.get("language"), opts.get("prompt"), opts.get("temperature"),
+                opts.get("task")))
         except NoFreeSlot as exc:
             raise Overloaded(str(exc)) from None
         except ValueError as exc:
