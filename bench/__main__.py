@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import plots, report, sections, soak, whisper_bench, whisper_report
-from bench.run import ALL_SCENARIOS, Options, run
+from bench.run import ALL_SCENARIOS, ENGINE_DEFAULTS, ENGINES, Options, run
 from bench.whisper_bench import PARTS as WHISPER_PARTS
 from bench.whisper_bench import WhisperOptions
 
@@ -73,11 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--unstable-z", type=float, default=d.unstable_z,
                    help="standard errors of the median within which disagreeing rounds "
                         "are 'unstable' (0: the margin alone decides)")
+    r.add_argument("--engine", choices=ENGINES, default=d.engine,
+                   help="scenarios 1-3's engine (pocketsphinx: for a host where Whisper "
+                        "cannot keep up; the simulated engine keeps 4 and 5)")
+    per_engine = ENGINE_DEFAULTS  # these take the engine's figure unless given
     for name in ("duration_s", "s1_duration_s", "flood_job_s", "dump_s", "dump_every_s",
                  "sim_duration_s", "sim_dump_s", "scale_duration_s", "vad_seconds"):
-        r.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+        r.add_argument("--" + name.replace("_", "-"), type=float,
+                       default=None if name in per_engine["whisper"] else getattr(d, name),
+                       help=_per_engine(name))
     for name in ("streams", "flood_jobs", "sim_streams", "scale_target_streams"):
-        r.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+        r.add_argument("--" + name.replace("_", "-"), type=int,
+                       default=None if name in per_engine["whisper"] else getattr(d, name),
+                       help=_per_engine(name))
     r.add_argument("--scale-streams", type=parse_loads, default=d.scale_streams,
                    help="comma list of gateway loads (streams), e.g. 100,200,500")
     r.add_argument("--rt-cpus", default=d.rt_cpus)
@@ -96,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="judge again with this many standard errors of the median "
                           "instead of the run's (0: the margin alone decides)")
     return p
+
+
+def _per_engine(name: str) -> str | None:
+    if name not in ENGINE_DEFAULTS["whisper"]:
+        return None
+    return "default: " + ", ".join(f"{e} {ENGINE_DEFAULTS[e][name]:g}" for e in ENGINES)
 
 
 def add_whisper_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -157,9 +157,13 @@ def cdf(samples: list[float]) -> list[list[float]]:
     return [[float(q), round(float(v), 2)] for q, v in zip(CDF_PERCENTILES, values, strict=True)]
 
 
-def timeline(results: list[dict[str, Any]], bin_s: float = 0.5) -> list[list[float]]:
-    """Worst partial latency of the live streams in each ``bin_s`` of the window."""
+def timeline(results: list[dict[str, Any]], bin_s: float = 0.5,
+             stalls: tuple[float, float] | None = None) -> list[list[float]]:
+    """Worst partial latency of the live streams in each ``bin_s`` of the window;
+    ``stalls`` (seconds after t0, ms): a stalled stream's latency where the window ends."""
     worst: dict[int, float] = {}
+    if stalls is not None:
+        worst[int(stalls[0] / bin_s)] = stalls[1]
     for r in results:
         if r["kind"] != "live":
             continue
@@ -198,15 +202,31 @@ def messages(results: list[dict[str, Any]]) -> dict[str, Any]:
             "sent_per_stream_s": per(sent), "received_per_stream_s": per(received)}
 
 
+def stalled(results: list[dict[str, Any]], steady: tuple[float, float]) -> list[int]:
+    """The live streams that were served (admitted to a lane) but got no partial while
+    every live stream was on: stalled, not missing (indices into ``results``)."""
+    lo, hi = steady
+    if not math.isfinite(hi) or hi <= lo:
+        return []
+    return [i for i, r in enumerate(results) if r["kind"] == "live" and r["lane"]
+            and not any(lo <= at <= hi for at in r["partial_at_s"])]
+
+
 def summarize(results: list[dict[str, Any]],
               steady: tuple[float, float] = (0.0, math.inf)) -> dict[str, Any]:
     """Figures of a window; partial latency counts only partials that arrived while
-    every live stream was on (``steady``, seconds after t0), ``partial_all_ms`` all."""
+    every live stream was on (``steady``, seconds after t0), ``partial_all_ms`` all.
+    A stream that got no partial in that span stalled: its latency is the span's
+    length, its worst figure, counted in ``partial_ms`` (and its CDF) like any partial,
+    and the count is ``stalled_streams`` (a stall is not a missing figure)."""
     live = [r for r in results if r["kind"] == "live"]
     dumps = [r for r in results if r["kind"] == "dump"]
     lo, hi = steady
     partial = [v for r in live for at, v in zip(r["partial_at_s"], r["partial_ms"], strict=True)
                if lo <= at <= hi]
+    stalls = stalled(results, steady)
+    stall_ms = round((hi - lo) * 1000, 1) if stalls else None
+    partial += [stall_ms] * len(stalls) if stall_ms is not None else []
     out: dict[str, Any] = {
         "live_streams": len(live),
         "steady_window_s": [round(lo, 2), round(hi, 2)],
@@ -216,12 +236,15 @@ def summarize(results: list[dict[str, Any]],
         "errors": dict(Counter(r["error"] for r in results if r["error"])),
         "audio_s_sent": round(sum(r["audio_s_sent"] for r in live), 1),
         "partial_ms": summary(partial),
+        "stalled_streams": len(stalls),
+        "stall_ms": stall_ms,
         "first_partial_ms": summary([v for r in live for v in r["first_partial_ms"]]),
         "final_ms": summary([v for r in live for v in r["final_ms"]]),
         "final_words": sum(r["final_words"] for r in live),
         "finals_without_audio_end": sum(r["finals_without_audio_end"] for r in live),
         "partial_cdf_ms": cdf(partial),
-        "timeline_worst_ms": timeline(results),
+        "timeline_worst_ms": timeline(results, stalls=None if stall_ms is None
+                                      else (hi, stall_ms)),
         "messages": messages(results),
     }
     if dumps:
@@ -331,6 +354,17 @@ async def jobs(stack: Stack, ids: list[str]) -> list[dict[str, Any]]:
         for job_id in ids:
             async with http.get(f"{stack.url}/v1/transcriptions/{job_id}") as r:
                 out.append(await r.json())
+    return out
+
+
+async def job_texts(stack: Stack, ids: list[str]) -> list[str]:
+    """Each completed job's transcript as plain text ("" for one that is not)."""
+    out = []
+    async with aiohttp.ClientSession() as http:
+        for job_id in ids:
+            async with http.get(f"{stack.url}/v1/transcriptions/{job_id}",
+                                params={"format": "text"}) as r:
+                out.append(await r.text() if r.status == 200 else "")
     return out
 
 

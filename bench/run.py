@@ -3,23 +3,44 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import audio, measure
+from bench import accuracy, audio, measure
 from bench.machine import Moment, perf_support
 from bench.measure import dump_spec, live_specs, stream_url, window, worker_session_url
 from bench.stack import LOGS_DIR, Stack, StackPlan, WorkerPlan
 from bench.verdict import UNSTABLE_MARGIN, UNSTABLE_Z
+from bench.wer import corpus_wer
 
 ALL_SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6")
+#: scenarios 1-3's engines: Whisper (what ``lanegate up`` starts) or pocketsphinx (for a
+#: host where Whisper cannot keep up); the simulated engine keeps 4 and 5
+ENGINES = ("whisper", "pocketsphinx")
+#: the shared human recording (44 s, with its transcript beside it): Whisper's live
+#: streams and, repeated, its flood
+SHARED_SPEECH = Path(__file__).resolve().parents[2] / "shared" / "speech" / "two_cities.wav"
+#: each engine's window lengths, streams and flood (``None`` in Options takes these)
+ENGINE_DEFAULTS: dict[str, dict[str, float]] = {
+    # 4 pocketsphinx streams fill a core; scenario 1's 120 s windows keep its p99
+    # ratio steady on a busy host (bench/results/notes.md); 3 x 720 s outlast them
+    "pocketsphinx": {"duration_s": 20.0, "s1_duration_s": 120.0, "streams": 4,
+                     "flood_job_s": 720.0},
+    # Whisper base on a CPU core carries about two live streams (BENCHMARKS.md's
+    # capacity); 3 x 10 recordings (444 s each) outlast the 60 s split window at the
+    # batch lane's ~14 audio s per wall s
+    "whisper": {"duration_s": 40.0, "s1_duration_s": 60.0, "streams": 2,
+                "flood_job_s": 444.0},
+}
 #: streams per second the scale scenario opens (500 streams over 10 s)
 SCALE_RAMP_PER_S = 50.0
 
@@ -37,16 +58,18 @@ class Options:
     s1_rounds: int = 5
     unstable_margin: float = UNSTABLE_MARGIN
     unstable_z: float = UNSTABLE_Z  # and this many standard errors of the median
-    duration_s: float = 20.0  # each pocketsphinx measuring window
+    engine: str = "whisper"  # scenarios 1-3's engine (ENGINES)
+    # None: the engine's figure in ENGINE_DEFAULTS
+    duration_s: float | None = None  # each scenario 1-3 measuring window
     # scenario 1's alone and split windows: their p99s make its ratio, and the p99 of a
     # 40 s window (about 700 partials of 4 streams) is its 7th-largest value, which one
     # burst of a busy host moves: on such a VM the rounds' ratios spread 0.81-1.30 at
     # 40 s and 0.97-1.18 at 120 s (bench/results/notes.md)
-    s1_duration_s: float = 120.0
-    streams: int = 4  # live pocketsphinx streams
+    s1_duration_s: float | None = None
+    streams: int | None = None  # live streams of scenarios 1-3
     flood_jobs: int = 3
-    flood_job_s: float = 720.0  # seconds of audio per flood upload: enough to outlast
-    # scenario 1's split window at the batch lane's speed (about 14 audio s per wall s)
+    flood_job_s: float | None = None  # seconds of audio per flood upload: enough to
+    # outlast scenario 1's split window at the batch lane's speed
     dump_s: float = 10.0
     dump_every_s: float = 10.0
     sim_streams: int = 200
@@ -59,6 +82,36 @@ class Options:
     rt_cpus: str = "0"
     batch_cpus: str = "1"
     wav: Path | None = None  # speech for the live streams instead of espeak-ng sentences
+    # (Whisper: the shared recording when it is there)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, not {self.engine!r}")
+        for name, value in ENGINE_DEFAULTS[self.engine].items():
+            if getattr(self, name) is None:
+                setattr(self, name, int(value) if name == "streams" else float(value))
+        if self.wav is None and self.engine == "whisper" and SHARED_SPEECH.exists():
+            self.wav = SHARED_SPEECH
+
+    @property
+    def d(self) -> float:
+        assert self.duration_s is not None
+        return self.duration_s
+
+    @property
+    def d1(self) -> float:
+        assert self.s1_duration_s is not None
+        return self.s1_duration_s
+
+    @property
+    def n_streams(self) -> int:
+        assert self.streams is not None
+        return self.streams
+
+    @property
+    def job_s(self) -> float:
+        assert self.flood_job_s is not None
+        return self.flood_job_s
 
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -85,20 +138,24 @@ def round_count(o: Options) -> int:
     return max(o.rounds, o.s1_rounds if "s1" in o.scenarios else 0)
 
 
-def ps_plan(design: str, o: Options) -> StackPlan:
-    """A pocketsphinx stack: split / split-nocap (two pinned workers) or mixed (one).
+def lane_plan(design: str, o: Options) -> StackPlan:
+    """A stack of scenarios 1-3 on ``o.engine``: split / split-nocap or mixed, on the
+    same CPUs.
 
-    Pinned as ``lanegate up`` pins them: realtime (or mixed) worker, gateway and
-    redis-server on the realtime CPUs; the batch worker alone on the batch CPUs. The
+    Pinned as ``lanegate up`` pins them: the realtime worker, gateway and redis-server
+    on the realtime CPUs; the batch worker alone on the batch CPUs. ``mixed`` has a
+    mixed worker in each of those two places (as ``lanegate up --lanes mixed``), so
+    both designs run on the same hardware and differ only in how they use it. The
     load clients on the realtime CPUs too, in every window: left free they take the
     idle batch CPU when the streams run alone and share it with the busy batch worker
     under the flood, so a partial is read later there for a reason that is not the
     service's (scenario 1's ratio compares exactly those two windows).
     """
-    env = {**COMMON_ENV, "LANEGATE_ENGINE": "pocketsphinx"}
+    env = {**COMMON_ENV, "LANEGATE_ENGINE": o.engine}
     if design == "mixed":
         return StackPlan(design, {**env, "LANEGATE_LANES": "mixed"},
-                         [WorkerPlan("mixed", o.rt_cpus)], o.rt_cpus, o.rt_cpus, o.rt_cpus)
+                         [WorkerPlan("mixed", o.rt_cpus), WorkerPlan("mixed", o.batch_cpus)],
+                         o.rt_cpus, o.rt_cpus, o.rt_cpus)
     if design == "split-nocap":
         env["LANEGATE_CHUNK_CAP"] = "false"
     return StackPlan(design, {**env, "LANEGATE_LANES": "split"},
@@ -164,8 +221,36 @@ class Bench:
 
     def flood_files(self) -> list[Path]:
         """The flood: the same long recording uploaded ``flood_jobs`` times (so the
-        ceiling, measured on that one recording, is for exactly the same audio)."""
-        return [audio.upload_file(self.o.flood_job_s, self.o.workdir, 0)] * self.o.flood_jobs
+        ceiling, measured on that one recording, is for exactly the same audio). With
+        Whisper and the live recording's transcript beside it: that recording repeated
+        to ``flood_job_s`` (its reference then known, for the batch WER)."""
+        if self.reference_path() is not None:
+            return [self.repeated_wav()] * self.o.flood_jobs
+        return [audio.upload_file(self.o.job_s, self.o.workdir, 0)] * self.o.flood_jobs
+
+    def reference_path(self) -> Path | None:
+        """The transcript beside ``--wav`` (``NAME.txt``), when scenario 3 uses it."""
+        if self.o.engine != "whisper" or self.o.wav is None:
+            return None
+        ref = self.o.wav.with_suffix(".txt")
+        return ref if ref.exists() else None
+
+    def repeats(self) -> int:
+        assert self.o.wav is not None
+        seconds = len(audio.read_wav(self.o.wav)) / (audio.RATE * 2)
+        return max(1, round(self.o.job_s / seconds))
+
+    def repeated_wav(self) -> Path:
+        assert self.o.wav is not None
+        path = self.o.workdir / f"flood-{self.o.wav.stem}-x{self.repeats()}.wav"
+        if not path.exists():
+            audio.write_wav(path, audio.read_wav(self.o.wav) * self.repeats())
+        return path
+
+    def flood_reference(self) -> str | None:
+        """What one flood upload says, or None when not known."""
+        ref = self.reference_path()
+        return None if ref is None else " ".join([ref.read_text().strip()] * self.repeats())
 
     def stack(self, plan: StackPlan) -> Stack:
         return Stack(plan, self.work)
@@ -205,41 +290,81 @@ class Bench:
         print(f"interference: x{slowdown:.3f} (spin x{spun['wall_s_per_audio_s'] / base:.3f})",
               flush=True)
 
-    # --- pocketsphinx: scenarios 1, 2, 3 ------------------------------------------
+    # --- the default engine (or pocketsphinx): scenarios 1, 2, 3 --------------------
     # In a round: split-nocap and split each take the dumps (2), split then measures
     # its streams alone and under the flood (1) and the flood's throughput (3), paired
-    # with the raw engine's ceiling of the same round; mixed takes the same flood (1).
+    # with the raw engine's ceiling of the same round (Whisper: and faster-whisper's
+    # BatchedInferencePipeline on the same audio); mixed, on the same CPUs, takes the
+    # same flood for as long (1): both sides of the trade from one round.
 
-    async def pocketsphinx(self, w: Windows) -> None:
+    async def ceiling(self, w: Windows) -> None:
+        """The batch lane's yardstick on the batch CPUs, on one flood upload."""
+        clip = str(self.flood_files()[0])
+        if self.o.engine == "pocketsphinx":
+            w["ceiling"] = await self.pinned(self.o.batch_cpus, clip)
+        else:
+            ref = self.reference_path()
+            w["ceiling"] = await self.pinned_module(
+                self.o.batch_cpus, "bench.whisper_batch_vs_faster", clip,
+                *([] if ref is None else [str(self.flood_reference_file())]), "--json")
+        print(f"  ceiling: {w['ceiling']}", flush=True)
+
+    def flood_reference_file(self) -> Path:
+        path = self.o.workdir / f"flood-{self.repeats()}.txt"
+        path.write_text(self.flood_reference() or "")
+        return path
+
+    async def pinned_module(self, cpus: str, module: str, *args: str) -> dict[str, Any]:
+        """``python -m module args`` on ``cpus``; its last stdout line as JSON."""
+        proc = await asyncio.create_subprocess_exec(
+            "taskset", "-c", cpus, sys.executable, "-m", module, *args,
+            stdout=subprocess.PIPE)
+        stdout, _ = await proc.communicate()
+        lines = stdout.decode().strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            return {"error": f"{module} exit {proc.returncode}"}
+        result: dict[str, Any] = json.loads(lines[-1])
+        return result
+
+    @contextlib.asynccontextmanager
+    async def lane_stack(self, design: str) -> AsyncIterator[Stack]:
+        """A started stack of scenarios 1-3; with Whisper, every worker has decoded
+        once first (the first decode pays for CTranslate2's warm-up; no measured
+        window should)."""
+        async with self.stack(lane_plan(design, self.o)) as stack:
+            self.record(stack)
+            if self.o.engine == "whisper":
+                pcm = audio.read_wav(self.live_pcm())[: audio.RATE * 2 * 3]
+                url = stream_url(stack.url)
+                await asyncio.gather(*(accuracy.stream_text(url, pcm, 2.0)
+                                       for _ in stack.plan.workers))
+            yield stack
+
+    async def lanes(self, w: Windows) -> None:
         live = self.live_pcm()
         if "s3" in self.want:
-            w["ceiling"] = await self.pinned(self.o.batch_cpus, str(self.flood_files()[0]))
-            print(f"  ceiling: {w['ceiling']}", flush=True)
+            await self.ceiling(w)
         if "s2" in self.want:
-            async with self.stack(ps_plan("split-nocap", self.o)) as stack:
-                self.record(stack)
+            async with self.lane_stack("split-nocap") as stack:
                 w["s2_split_nocap"] = await self.dump_window(stack, stream_url(stack.url),
                                                              live)
-        async with self.stack(ps_plan("split", self.o)) as stack:
-            self.record(stack)
+        d1 = self.o.d1
+        async with self.lane_stack("split") as stack:
             url = stream_url(stack.url)
-            d = self.o.duration_s
             if "s2" in self.want:
                 w["s2_split"] = await self.dump_window(stack, url, live)
-            d1 = self.o.s1_duration_s
             if "s1" in self.want:
                 w["s1_alone"] = await window(
-                    stack, "alone", live_specs(url, self.o.streams, d1, live), self.work, d1)
+                    stack, "alone", live_specs(url, self.o.n_streams, d1, live), self.work, d1)
             if self.want & {"s1", "s3"}:
                 await self.flood_window(stack, url, live, w, "s1_split", d1)
         if "s1" in self.want:
-            async with self.stack(ps_plan("mixed", self.o)) as stack:
-                self.record(stack)
-                await self.flood_window(stack, stream_url(stack.url), live, w, "s1_mixed", d)
+            async with self.lane_stack("mixed") as stack:
+                await self.flood_window(stack, stream_url(stack.url), live, w, "s1_mixed", d1)
 
     async def dump_window(self, stack: Stack, url: str, live: Path) -> dict[str, Any]:
-        d = self.o.duration_s
-        specs = live_specs(url, self.o.streams, d, live)
+        d = self.o.d
+        specs = live_specs(url, self.o.n_streams, d, live)
         specs.append(dump_spec(url, live, dump_s=self.o.dump_s, every_s=self.o.dump_every_s,
                                first_s=3.0, duration_s=d - 6.0))
         return await window(stack, "dump", specs, self.work, d)
@@ -249,12 +374,16 @@ class Bench:
         ids = await measure.submit(stack, self.flood_files())
         await asyncio.sleep(2.0)  # let the batch lane get going
         w[key] = await window(
-            stack, "flood", live_specs(url, self.o.streams, d, live), self.work, d)
+            stack, "flood", live_specs(url, self.o.n_streams, d, live), self.work, d)
         state = await measure.jobs(stack, ids)
         w[key]["batch_during_window"] = measure.throughput(state, time.time())
         if key == "s1_split" and "s3" in self.want:
-            state = await measure.wait_jobs(stack, ids, timeout_s=300)
+            state = await measure.wait_jobs(stack, ids, timeout_s=600)
             w["s3_split_batch"] = measure.throughput(state)
+            reference = self.flood_reference()
+            if reference is not None:
+                texts = await measure.job_texts(stack, ids)
+                w["s3_split_batch"]["wer"] = corpus_wer((reference, t) for t in texts)
 
     # --- simulated engine: scenarios 4, 5 --------------------------------------------
 
@@ -331,7 +460,7 @@ class Bench:
             self.results["perf"] = perf_support()
             print(f"perf stat instructions: {self.results['perf']}", flush=True)
         groups: list[tuple[frozenset[str], str, Any]] = [
-            (frozenset({"s1", "s2", "s3"}), "pocketsphinx", self.pocketsphinx),
+            (frozenset({"s1", "s2", "s3"}), self.o.engine, self.lanes),
             (frozenset({"s4"}), "simulated", self.sim),
             (frozenset({"s5"}), "gateway", self.scale),
             (frozenset({"s6"}), "vad", self.vad),

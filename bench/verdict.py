@@ -27,6 +27,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+#: the live partial p99 a design must keep: the real-time red line, where the engine can
+#: (pocketsphinx on a CPU core, any engine on a GPU) ...
+RED_LINE_MS = 300.0
+#: ... and Whisper base on a CPU core, which cannot: its re-decode of a live segment
+#: alone takes longer than the red line there (BENCHMARKS.md's capacity part); the
+#: Whisper benchmark's capacity and scenarios 1-2 on Whisper are judged against this
+WHISPER_CPU_P99_MS = 1500.0
 #: the share of the limit within which a median of disagreeing rounds is no verdict
 UNSTABLE_MARGIN = 0.10
 #: standard errors of the median within which a median of disagreeing rounds is no verdict

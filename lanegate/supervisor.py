@@ -5,10 +5,10 @@ Starts, in order: a ``redis-server`` child (unless ``redis_url`` is set) on a
 free loopback port with AOF on (``appendfsync`` from ``redis_appendfsync``), its
 data and log under ``DATA_DIR/redis``; the
 gateway; ``realtime_workers`` realtime workers (default 1) and one batch
-worker (one ``mixed`` worker
-instead when ``lanes = mixed``). Each child is ``sys.executable -m
-lanegate.cli <command>`` with the settings passed as ``LANEGATE_*``
-environment variables, in its own process group (so a terminal's Ctrl-C
+worker (when ``lanes = mixed``, one ``mixed`` worker in each of those places
+instead, on the same CPUs: the two designs compared on the same hardware).
+Each child is ``sys.executable -m lanegate.cli <command>`` with the settings
+passed as ``LANEGATE_*`` environment variables, in its own process group (so a terminal's Ctrl-C
 reaches only the supervisor, which then stops the children in order).
 
 CPU pinning (``pin_cpus``, on by default, needs two or more usable cores): the
@@ -17,8 +17,9 @@ usable CPUs are split in two halves. The realtime workers get the first half
 second, the software analogue of giving each lane its own GPUs. The gateway and
 Redis share the realtime half: they are on the realtime path (every stream
 frame crosses the gateway, every session open reads the registry), so a long
-batch decode must not delay them either. A mixed worker is not pinned. Children
-inherit the mask at start.
+batch decode must not delay them either. Mixed workers are pinned exactly as
+split's workers are, one per realtime or batch place, each serving streams and
+jobs. Children inherit the mask at start.
 
 Readiness: ``up`` waits until the gateway's ``/readyz`` answers 200 (Redis up
 and a realtime worker registered) within ``start_timeout_s``, then prints the
@@ -290,7 +291,7 @@ class Supervisor:
 def cpu_split(settings: Settings) -> tuple[frozenset[int] | None, frozenset[int] | None]:
     """(realtime CPUs, batch CPUs), or (None, None) when not pinning."""
     cpus = sorted(os.sched_getaffinity(0))
-    if not settings.pin_cpus or len(cpus) < 2 or settings.lanes == "mixed":
+    if not settings.pin_cpus or len(cpus) < 2:
         return None, None
     half = len(cpus) // 2
     return frozenset(cpus[:half]), frozenset(cpus[half:])
@@ -331,7 +332,7 @@ def build_children(settings: Settings) -> tuple[list[Child], Settings]:
     env = {**os.environ, **settings.to_env()}
     children.append(Child("gateway", lanegate_argv("gateway"), env, cpus=rt_cpus, stop_order=1))
     if settings.lanes == "mixed":
-        children.append(Child("worker-mixed", lanegate_argv("worker", "--lane", "mixed"), env))
+        children.extend(mixed_children(settings, env, rt_cpus, batch_cpus))
     else:
         children.extend(realtime_children(settings, env, rt_cpus))
         children.append(Child("worker-batch", lanegate_argv("worker", "--lane", "batch"),
@@ -356,6 +357,24 @@ def realtime_children(settings: Settings, env: dict[str, str],
         if settings.worker_port:
             own["LANEGATE_WORKER_PORT"] = str(settings.worker_port + i)
         children.append(Child(f"worker-realtime-{i}", argv, own, cpus=share))
+    return children
+
+
+def mixed_children(settings: Settings, env: dict[str, str], rt_cpus: frozenset[int] | None,
+                   batch_cpus: frozenset[int] | None) -> list[Child]:
+    """One mixed worker in each place split puts a worker (each realtime worker's CPUs,
+    then the batch worker's), each with its own id and port: the same hardware used
+    the other way."""
+    places = [c.cpus for c in realtime_children(settings, env, rt_cpus)] + [batch_cpus]
+    argv = lanegate_argv("worker", "--lane", "mixed")
+    children = []
+    for i, cpus in enumerate(places):
+        own = dict(env)
+        if settings.worker_id:
+            own["LANEGATE_WORKER_ID"] = f"{settings.worker_id}-{i}"
+        if settings.worker_port:
+            own["LANEGATE_WORKER_PORT"] = str(settings.worker_port + i)
+        children.append(Child(f"worker-mixed-{i}", argv, own, cpus=cpus))
     return children
 
 

@@ -144,8 +144,11 @@ def test_gateway_capacity_per_stream_second_and_added_latency() -> None:
     assert g["setup_cpu_ms_per_session"] is None  # no steady part measured
     assert g["added_p99_ms"] == pytest.approx(7.0)
     assert (g["sent_per_stream_s"], g["received_per_stream_s"]) == (10.0, 5.0)
-    v = verdict_s5([_gateway_round(20.0, 13.0, 0.08), _gateway_round(22.0, 14.0, 0.09),
-                    _gateway_round(21.0, 12.0, 0.085)], Rule(), [200], 200)
+    rounds = [_gateway_round(20.0, 13.0, 0.08), _gateway_round(22.0, 14.0, 0.09),
+              _gateway_round(21.0, 12.0, 0.085)]
+    for w in rounds:  # the target is the gateway against the same round's floor
+        w["s5_200_floor"] = {**_window(5.0), "gateway_steady": {"cpu_s_per_stream_s": 0.00025}}
+    v = verdict_s5(rounds, Rule(), [200], 200)
     assert v["verdict"] == "met"
     assert v["capacity"]["200"]["streams_per_core"] == round(1 / 0.000425)
 

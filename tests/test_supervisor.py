@@ -104,7 +104,7 @@ def test_cpu_split_is_disjoint_and_covers_the_machine() -> None:
     assert realtime.isdisjoint(batch)
     assert realtime | batch == cpus
     assert cpu_split(Settings(pin_cpus=False)) == (None, None)
-    assert cpu_split(Settings(lanes="mixed")) == (None, None)
+    assert cpu_split(Settings(lanes="mixed")) == (realtime, batch)  # the same places
 
 
 def test_children_of_split_and_mixed(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_children_of_split_and_mixed(tmp_path: Path) -> None:
     assert children[1].env["LANEGATE_REDIS_URL"] == settings.redis_url
     assert (tmp_path / "redis").is_dir()
     mixed, _ = build_children(Settings(lanes="mixed", redis_url="redis://127.0.0.1:1/0"))
-    assert [c.name for c in mixed] == ["gateway", "worker-mixed"]
+    assert [c.name for c in mixed] == ["gateway", "worker-mixed-0", "worker-mixed-1"]
 
 
 @pytest.mark.parametrize("mode", list(Appendfsync))
