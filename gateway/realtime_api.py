@@ -297,14 +297,20 @@ class RealtimeRelay(Relay):
         kind = event["type"]
         if kind == "speech_started":
             out = self.items.speech_started(int(event["segment"]), int(event["start_ms"]))
+        elif kind == "speech_stopped":
+            end_ms, cut = int(event["end_ms"]), str(event.get("cut"))
+            if self.items.server_vad and cut != "commit":  # the audio before it is committed
+                self.buffer_start_ms = max(self.buffer_start_ms, float(end_ms))
+            out = self.items.speech_stopped(int(event["segment"]), end_ms, cut)
         elif kind == "partial":
             self._observe(kind, event)
             out = self.items.partial(int(event["segment"]), str(event["text"]))
         elif kind == "final":
             self._observe(kind, event)
             end_ms = int(event["end_ms"])
-            if event.get("cut") != "commit":  # a VAD cut: audio before it is committed
-                self.buffer_start_ms = max(self.buffer_start_ms, float(end_ms))
+            if self.items.server_vad and event.get("cut") != "commit":  # a VAD cut: the
+                self.buffer_start_ms = max(self.buffer_start_ms, float(end_ms))  # audio
+                # before it is committed (without turn detection only a commit commits)
             out = self.items.final(int(event["segment"]), str(event["text"]),
                                    start_ms=int(event["start_ms"]), end_ms=end_ms,
                                    cut=str(event.get("cut")))

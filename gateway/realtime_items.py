@@ -3,11 +3,16 @@ owes the client. No I/O: ``Items`` turns worker events and client commits into
 server events.
 
 With ``server_vad`` every VAD segment (one ``final`` of the worker) is an item:
-``speech_started`` when the VAD opens it, ``speech_stopped``, ``committed`` and
-``completed`` at its final. With ``turn_detection: null`` an item is everything
-between two client commits: ``committed`` at once, ``completed`` when the worker's
-final with cut ``"commit"`` comes back (the worker's events arrive in audio order,
-so until then every event belongs to the oldest committed item still waiting).
+``speech_started`` when the VAD opens it, ``speech_stopped`` and ``committed`` when
+the VAD closes it (the worker's ``speech_stopped``, in audio order with the next
+``speech_started``: the final waits for the decoder, which may be behind the VAD),
+``completed`` at its final. ``speech_started`` and ``speech_stopped`` alternate,
+whatever the worker repeats (a failover replays audio whose events were sent).
+
+With ``turn_detection: null`` an item is everything between two client commits:
+``committed`` at once, ``completed`` when the worker's final with cut ``"commit"``
+comes back (the worker's events arrive in audio order, so until then every event
+belongs to the oldest committed item still waiting).
 
 Deltas carry the *stable* text: the words two consecutive partials agree on, short
 of each one's last word (a decoder revises the words it is still hearing), and at
@@ -65,6 +70,9 @@ class Turn:
     text: str = ""
     emitted: str = ""
     last_words: list[str] = field(default_factory=list)
+    started: bool = False  # server_vad: speech_started sent
+    stopped: bool = False  # server_vad: speech_stopped sent
+    committed: bool = False
 
     def delta(self, hypothesis: str, *, final: bool) -> str | None:
         words = hypothesis.split()
@@ -92,6 +100,8 @@ class Items:
         # server_vad: per client commit, whether it was a clear (its item is dropped)
         self._waiting: deque[tuple[Turn | None, float]] = deque()
         self._vad_commits: deque[bool] = deque()
+        self._speaking = False  # server_vad: a speech_started not yet stopped
+        self._next_segment = 0  # server_vad: segments below this are completed
 
     def _event(self, kind: str, **fields: Any) -> Event:
         return {"type": kind, "event_id": self.ids.event(), **fields}
@@ -117,11 +127,26 @@ class Items:
 
     # --- worker events -------------------------------------------------------------
     def speech_started(self, segment: int, start_ms: int) -> list[Event]:
-        if not self.server_vad:
+        if not self.server_vad or self._speaking or segment < self._next_segment:
             return []
         turn = self._segments.setdefault(segment, Turn(self.ids.item()))
+        if turn.started:
+            return []
+        turn.started = self._speaking = True
         return [self._event("input_audio_buffer.speech_started", audio_start_ms=start_ms,
                             item_id=turn.item_id)]
+
+    def speech_stopped(self, segment: int, end_ms: int, cut: str) -> list[Event]:
+        """The VAD closed ``segment`` at ``end_ms``: ``speech_stopped``, and unless a
+        client commit closed it (committed at its final, or dropped by a clear), the
+        item is committed now."""
+        turn = self._segments.get(segment)
+        if not self.server_vad or turn is None or not turn.started or turn.stopped:
+            return []
+        events = self._stop(turn, end_ms)
+        if cut != "commit":
+            events.append(self._committed(turn))
+        return events
 
     def partial(self, segment: int, text: str) -> list[Event]:
         turn = self._owner(segment)
@@ -172,17 +197,23 @@ class Items:
     def _vad_final(self, segment: int, text: str, start_ms: int, end_ms: int,
                    cut: str) -> list[Event]:
         turn = self._segments.pop(segment, None) or Turn(self.ids.item())
-        if cut == "commit" and self._vad_commits and self._vad_commits.popleft():
-            return []  # the client cleared this audio
+        self._next_segment = max(self._next_segment, segment + 1)
         events = []
-        if cut != "commit":
-            events.append(self._event("input_audio_buffer.speech_stopped",
-                                      audio_end_ms=end_ms, item_id=turn.item_id))
-        events.append(self._committed(turn))
+        if turn.started and not turn.stopped:  # no speech_stopped came before the final
+            events += self._stop(turn, end_ms)
+        if cut == "commit" and self._vad_commits and self._vad_commits.popleft():
+            return events  # the client cleared this audio
+        if not turn.committed:
+            events.append(self._committed(turn))
         turn.text = text
         events += self._delta(turn, text, final=True)
         events.append(self._completed(turn, max(0, end_ms - start_ms) / 1000))
         return events
+
+    def _stop(self, turn: Turn, end_ms: int) -> list[Event]:
+        turn.stopped, self._speaking = True, False
+        return [self._event("input_audio_buffer.speech_stopped", audio_end_ms=end_ms,
+                            item_id=turn.item_id)]
 
     def _delta(self, turn: Turn, hypothesis: str, *, final: bool) -> list[Event]:
         delta = turn.delta(hypothesis, final=final)
@@ -194,7 +225,7 @@ class Items:
     def _committed(self, turn: Turn) -> Event:
         event = self._event("input_audio_buffer.committed", item_id=turn.item_id,
                             previous_item_id=self.previous)
-        self.previous = turn.item_id
+        self.previous, turn.committed = turn.item_id, True
         return event
 
     def _completed(self, turn: Turn, seconds: float) -> Event:

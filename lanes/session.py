@@ -109,7 +109,8 @@ class RealtimeSession:
         self._partial_interval = partial_interval_s
         self._partial_text = ""  # the last partial sent, in this utterance
         self._partial_at = -float("inf")
-        self._notices: list[Event] = []  # speech_started events, out with the next settle
+        # speech_started/speech_stopped events, out with the next settle (before finals)
+        self._notices: list[Event] = []
         self.ended = False  # the client sent its last audio
         self._vad_flushed = False
         self.closed = False
@@ -170,16 +171,27 @@ class RealtimeSession:
         cuts = [e for e in self._vad.cut() if isinstance(e, SegmentEnded)]
         end = self.buffered_end
         start = cuts[0].start if cuts else end
-        self._cuts.append(CutPoint(SegmentEnded(start, end, "commit"), self._vad.position))
+        cut = SegmentEnded(start, end, "commit")
+        if cuts:  # the commit closed the VAD's open segment
+            self._stopped(cut)
+        self._cuts.append(CutPoint(cut, self._vad.position))
 
     def _queue_cuts(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, SegmentEnded):
+                self._stopped(event)
                 self._cuts.append(CutPoint(event, self._vad.position))
             elif isinstance(event, SpeechStarted):
                 self._notices.append({"type": "speech_started",
                                       "segment": self.segment + len(self._cuts),
                                       "start_ms": ms(event.start)})
+
+    def _stopped(self, segment: SegmentEnded) -> None:
+        """``speech_stopped`` when the VAD closes a segment, not at its final: the final
+        waits for the decoder, which may be behind the VAD's next ``speech_started``."""
+        self._notices.append({"type": "speech_stopped",
+                              "segment": self.segment + len(self._cuts),
+                              "end_ms": ms(segment.end), "cut": segment.reason})
 
     @property
     def undecoded_s(self) -> float:
@@ -271,7 +283,7 @@ class RealtimeSession:
     def flush_now(self) -> list[Event]:
         """Drain timeout: finals for every queued cut with what is decoded so far."""
         self.analyse(self.buffered_end)
-        events: list[Event] = []
+        events, self._notices = self._notices, []  # in audio order, before the finals
         while self._cuts:
             cut = self._cuts.popleft()
             events.append(self._final(cut))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import subprocess
@@ -449,3 +450,76 @@ async def test_sdk_reconnect_handler_gets_a_new_session_after_the_gateway_is_los
     assert reconnects[0].attempt == 1
     for turn in (before, after):
         assert recall(TRAFFIC, turn.transcript) >= SENTENCE_RECALL
+
+
+# --- events in audio order: the shared human recording ------------------------------------
+#: the shared human recording (44 s, its transcript beside it), where the benchmark finds it
+TWO_CITIES = Path(__file__).resolve().parents[2] / "shared" / "speech" / "two_cities.wav"
+
+
+def resampled(wav: Path, rate: int) -> bytes:
+    """``wav`` as PCM s16le mono at ``rate``, resampled by sox."""
+    return subprocess.run(["sox", "-R", str(wav), "-r", str(rate), "-c", "1", "-e", "signed",
+                           "-b", "16", "-t", "raw", "-"], check=True, capture_output=True).stdout
+
+
+@pytest.fixture(scope="module")
+def two_cities() -> tuple[bytes, str]:
+    """The shared recording at 24 kHz and its transcript."""
+    if not TWO_CITIES.exists():
+        pytest.skip(f"{TWO_CITIES} (the shared human recording) is not on this machine")
+    return resampled(TWO_CITIES, 24000), TWO_CITIES.with_suffix(".txt").read_text()
+
+
+async def test_speech_started_and_stopped_alternate_in_audio_order(
+        stack: Stack, two_cities: tuple[bytes, str]) -> None:
+    """The VAD's events follow the audio: ``speech_started`` of the next turn never comes
+    before ``speech_stopped`` of the current one (it did at three turn changes of this
+    recording, the decoder's final lagging the VAD), and they alternate."""
+    rate = 24000
+    pcm = two_cities[0] + silence(1500, rate)  # the VAD ends the last turn
+    client = AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="delta")
+    async with client.realtime.connect(model="lanegate",
+                                       extra_query={"intent": "transcription"}) as conn:
+        await asyncio.wait_for(conn.recv(), EVENT_WAIT_S)  # session.created
+        await conn.session.update(session={
+            "type": "transcription",
+            "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": rate},
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}})
+        assert (await asyncio.wait_for(conn.recv(), EVENT_WAIT_S)).type == "session.updated"
+        step = rate * 2 * APPEND_MS // 1000
+
+        async def send() -> None:  # at ten times real time: the decoder lags the VAD
+            for off in range(0, len(pcm), step):
+                await conn.input_audio_buffer.append(
+                    audio=base64.b64encode(pcm[off:off + step]).decode())
+                await asyncio.sleep(APPEND_MS / 1000 / 10)
+
+        sender = asyncio.create_task(send())
+        events: list[Any] = []
+
+        def settled(ev: list[Any]) -> bool:  # every turn the VAD opened is completed
+            return sender.done() and bool(of(ev, COMPLETED)) and len(of(
+                ev, COMPLETED)) >= len(of(ev, "input_audio_buffer.speech_started"))
+
+        deadline = time.monotonic() + 120
+        while not settled(events):
+            assert time.monotonic() < deadline, events
+            with contextlib.suppress(TimeoutError):  # the sender may finish meanwhile
+                events.append(await asyncio.wait_for(conn.recv(), 0.5))
+        await sender
+    assert not of(events, "error"), of(events, "error")
+    vad = [e for e in events if e.type in ("input_audio_buffer.speech_started",
+                                           "input_audio_buffer.speech_stopped")]
+    kinds = [e.type.rsplit("_", 1)[1] for e in vad]
+    assert len(kinds) >= 8, kinds  # the recording has many turns at 500 ms of silence
+    assert kinds == ["started", "stopped"] * (len(kinds) // 2), kinds
+    positions = [e.audio_start_ms if e.type.endswith("started") else e.audio_end_ms
+                 for e in vad]
+    assert positions == sorted(positions), positions
+    for started, stopped in zip(vad[::2], vad[1::2], strict=True):
+        assert started.item_id == stopped.item_id
+    completed = of(events, COMPLETED)
+    assert [c.item_id for c in completed] == [e.item_id for e in vad[::2]]
+    assert recall(two_cities[1], " ".join(c.transcript for c in completed)) >= 0.6

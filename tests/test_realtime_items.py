@@ -35,6 +35,31 @@ def test_deltas_send_the_words_two_partials_agree_on_short_of_the_last() -> None
     assert out[-1]["usage"] == {"type": "duration", "seconds": 2.38}
 
 
+def test_vad_events_keep_audio_order_when_the_final_lags_the_vad() -> None:
+    """The worker's ``speech_stopped`` comes when the VAD closes a segment; the next
+    segment's ``speech_started`` may come before the first one's final (the decoder is
+    behind the VAD). Started and stopped alternate, a repeat (a failover's replay) is
+    dropped, and the item is committed at the stop, completed at its final."""
+    items = Items(EventIds(), server_vad=True)
+    out = items.speech_started(0, 100)
+    out += items.speech_stopped(0, 900, "endpoint")
+    out += items.speech_started(1, 1100)
+    out += items.speech_started(1, 1100)  # repeated: dropped
+    out += items.final(0, "one", start_ms=100, end_ms=900, cut="endpoint")
+    out += items.speech_stopped(1, 2000, "endpoint")
+    out += items.speech_stopped(1, 2000, "endpoint")  # repeated: dropped
+    out += items.final(1, "two", start_ms=1100, end_ms=2000, cut="endpoint")
+    started, stopped = "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped"
+    committed = "input_audio_buffer.committed"
+    assert [e["type"] for e in out] == [started, stopped, committed, started, DELTA, COMPLETED,
+                                        stopped, committed, DELTA, COMPLETED]
+    assert [e.get("audio_start_ms", e.get("audio_end_ms")) for e in out
+            if e["type"] in (started, stopped)] == [100, 900, 1100, 2000]
+    first, second = out[0]["item_id"], out[3]["item_id"]
+    assert [e["item_id"] for e in out if e["type"] == COMPLETED] == [first, second]
+    assert items.speech_started(0, 100) == []  # a completed segment's replay: dropped
+
+
 def test_a_revised_final_is_the_transcript_though_the_deltas_cannot_say_so() -> None:
     items = Items(EventIds(), server_vad=True)
     for partial in ("the rain", "the rain will", "the rain will come"):
