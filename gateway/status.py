@@ -7,7 +7,9 @@ worker's ``/metrics`` (step duration, live stall, long-prefill seconds), the wor
 registry (sessions, slots) and the job stream (depth, oldest job): per lane, the
 percentiles over the last ``status_window_s``, a history of samples for the charts,
 and one sentence saying whether this traffic would gain from the split (the design's
-rule: live partial p99 over the red line while long uploads run).
+rule: live partial p99 over the red line while long uploads run), and whether the
+realtime lane keeps its own lines: partial p99 against the red line, step p99 against
+the step budget its engine runs under (and, when over, what that points to).
 
 Sampling is lazy (no page open: no work) and shared by every viewer of this gateway:
 at most one sample per ``status_sample_s``. Partial latency is this gateway's view;
@@ -28,7 +30,7 @@ from redis.exceptions import RedisError
 
 from gateway.state import HTTP, REDIS, SETTINGS
 from gateway.status_sources import Sample, Window, take_sample, window
-from lanegate.settings import Settings
+from lanegate.settings import EngineName, Settings
 from lanes.queue import backlog
 from lanes.registry import WorkerInfo, list_workers
 
@@ -45,42 +47,90 @@ class Verdict:
     #: True: would gain from the split; False: no sign it would; None: nothing to judge
     gain: bool | None
     sentence: str
+    #: live partial p99 above the red line (None: no live partial in the window)
+    over_red_line: bool | None = None
+    #: realtime step p99 above the step budget (None: no step, or a mixed pool: uncapped)
+    over_step_budget: bool | None = None
+
+
+def _over(value: float | None, line: float) -> bool | None:
+    return None if value is None else value > line
+
+
+def _cause(step_over: bool | None, streams: int) -> str:
+    """What a realtime lane over its red line points to."""
+    if step_over:
+        return (f"the engine's step on this hardware is too slow for the {streams} live "
+                "stream(s) it holds (fewer streams per worker, a faster device or a smaller "
+                "model bring it down)")
+    return (f"too many streams for the realtime core ({streams} open): each waits for the "
+            "steps of the others (fewer streams per worker, or another realtime worker)")
+
+
+def _split_verdict(rt: dict[str, Any], red_line_ms: float, budget_ms: float,
+                   span: str) -> Verdict:
+    partial = rt.get("partial_latency_ms", {}).get("p99")
+    step = rt.get("step_duration_ms", {}).get("p99")
+    streams = int(rt.get("active_sessions") or 0)
+    red, over_budget = _over(partial, red_line_ms), _over(step, budget_ms)
+    steps = f"step p99 {_ms(step)} against a {budget_ms:.0f} ms budget"
+    batch = ("Long uploads run on the batch worker, so they are not the cause: "
+             if red else "long uploads run on the batch worker, so ")
+    if red:
+        return Verdict(None, f"The realtime lane is over its {red_line_ms:.0f} ms red line: "
+                       f"partial p99 {_ms(partial)}, {steps}. {batch}"
+                       f"{_cause(over_budget, streams)}.", True, over_budget)
+    head = f"The lanes are split: {batch}live streams never wait behind them"
+    if red is None:
+        return Verdict(None, f"{head}; no live partial in {span} to judge ({steps}).",
+                       None, over_budget)
+    if over_budget:
+        return Verdict(None, f"{head}; partial p99 {_ms(partial)} is under the "
+                       f"{red_line_ms:.0f} ms red line, but the steps run over their budget "
+                       f"({steps}): the realtime core is near its limit with {streams} "
+                       "stream(s) open.", False, True)
+    return Verdict(None, f"{head}, and the realtime lane keeps its lines: partial p99 "
+                   f"{_ms(partial)}, under the {red_line_ms:.0f} ms red line; step p99 "
+                   f"{_ms(step)}, within the {budget_ms:.0f} ms budget.", False, over_budget)
 
 
 def verdict(design: str, lanes: dict[str, dict[str, Any]], red_line_ms: float,
-            window_s: float) -> Verdict:
+            window_s: float, step_budget_ms: float = 0.0) -> Verdict:
     """The design's rule over the window, in one sentence: live streams held past the
-    red line while long uploads run means the split would help.
+    red line while long uploads run means the split would help. A split pool is judged
+    against its red line and its realtime ``step_budget_ms``, and told what a lane over
+    them points to.
 
     The evidence is the live stall (how long live streams waited behind the uploads'
     prefills), not the gateway's partial latency: that one times a partial from the
     newest audio it covers, and after a stall one partial may cover all that waited."""
+    span = f"the last {window_s:.0f} s"
     if design != "mixed":
-        rt = lanes.get("realtime", {})
-        return Verdict(None, "The lanes are split: long uploads run on the batch worker, so "
-                       "live streams never wait behind them (realtime partial p99 "
-                       f"{_ms(rt.get('partial_latency_ms', {}).get('p99'))}).")
+        return _split_verdict(lanes.get("realtime", {}), red_line_ms, step_budget_ms, span)
     mixed = lanes.get("mixed", {})
     share = float(mixed.get("long_prefill_share", 0.0))
     stall = mixed.get("live_stall_ms", {})
-    span = f"the last {window_s:.0f} s"
+    p99 = mixed.get("partial_latency_ms", {}).get("p99")
+    red = _over(p99, red_line_ms)
     if share <= 0:
-        p99 = mixed.get("partial_latency_ms", {}).get("p99")
+        slow = (f" It is over the {red_line_ms:.0f} ms red line all the same, so not because "
+                "of uploads: " + _cause(None, int(mixed.get("active_sessions") or 0)) + "."
+                ) if red else ""
         return Verdict(False, f"No long upload ran in {span} (live partial p99 {_ms(p99)}): "
                        "nothing here says this traffic needs the split; look again while "
-                       "uploads run.")
+                       f"uploads run.{slow}", red)
     took = f"took {share:.0%} of the mixed worker's time in {span}"
     if not stall.get("count"):
         return Verdict(None, f"Long uploads {took}, but no live stream was open while they "
-                       "ran: nothing to judge yet.")
+                       "ran: nothing to judge yet.", red)
     waited = float(stall.get("p99") or 0.0)
     if waited > red_line_ms:
         return Verdict(True, f"Live streams waited {_ms(waited)} (p99) behind long uploads, "
                        f"over the {red_line_ms:.0f} ms line, while those {took}: this "
-                       "traffic would gain from the split (lanes=split).")
+                       "traffic would gain from the split (lanes=split).", red)
     return Verdict(False, f"Live streams waited at most {_ms(waited)} (p99) behind long "
                    f"uploads, under the {red_line_ms:.0f} ms line, while those {took}: "
-                   "this traffic does not need the split yet.")
+                   "this traffic does not need the split yet.", red)
 
 
 def _ms(value: float | None) -> str:
@@ -157,16 +207,20 @@ class StatusBoard:
         baseline = self._remember(sample)
         win = window(sample, baseline, self.started)
         lanes = lane_summaries(workers, win)
-        verdict_ = verdict(settings.lanes, lanes, settings.status_red_line_ms, win.seconds)
+        budget_ms = settings.step_budget(redecodes=settings.engine is EngineName.WHISPER)
+        verdict_ = verdict(settings.lanes, lanes, settings.status_red_line_ms, win.seconds,
+                           budget_ms)
         self._history.append(history_point(sample.t, lanes, queue))
         return {
             "time": sample.t, "design": settings.lanes, "engine": settings.engine,
             "window_s": round(win.seconds, 1), "poll_s": settings.status_sample_s,
             "red_line_ms": settings.status_red_line_ms,
-            "step_budget_ms": settings.step_budget_ms,
+            "step_budget_ms": budget_ms,
             "lanes": lanes, "queue": queue, "redis_error": redis_error,
             "silent_workers": silent,
-            "split": {"gain": verdict_.gain, "sentence": verdict_.sentence},
+            "split": {"gain": verdict_.gain, "sentence": verdict_.sentence,
+                      "over_red_line": verdict_.over_red_line,
+                      "over_step_budget": verdict_.over_step_budget},
             "history": list(self._history),
         }
 

@@ -523,6 +523,11 @@ class Settings:
         """The environment that reproduces these settings in a child process."""
         out: dict[str, str] = {}
         for f in fields(self):
+    def step_budget(self, *, redecodes: bool) -> float:
+        """The realtime step budget (ms) an engine runs under: a re-decoding engine
+        (Whisper, ``CostPrior.redecodes``) has its own, WHISPER_STEP_BUDGET_MS."""
+        return self.whisper_step_budget_ms if redecodes else self.step_budget_ms
+
             value = getattr(self, f.name)
             out[ENV_PREFIX + f.name.upper()] = (
                 ("true" if value else "false") if isinstance(value, bool) else str(value)

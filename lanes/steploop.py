@@ -79,7 +79,7 @@ class BatchItem:
 def step_limits(settings: Settings, lane: str, prior: CostPrior | None = None) -> StepLimits:
     """The cap of ``lane``; a re-decoding engine (its ``prior`` says) has its own budget."""
     redecodes = prior is not None and prior.redecodes
-    budget_ms = settings.whisper_step_budget_ms if redecodes else settings.step_budget_ms
+    budget_ms = settings.step_budget(redecodes=redecodes)
     return StepLimits(
         max_chunk_samples=settings.max_chunk_ms * ENGINE_SAMPLE_RATE // 1000,
         budget_s=budget_ms / 1000,

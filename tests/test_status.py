@@ -78,10 +78,39 @@ def test_the_verdict_follows_the_design_rule() -> None:
     nobody = verdict("mixed", mixed_lane(0.4, None, stalls=0), 300.0, 30.0)
     assert nobody.gain is None
     assert "no live stream was open" in nobody.sentence
-    split = verdict("split", {"realtime": {"partial_latency_ms": {"p99": 80.0}}}, 300.0, 30.0)
+    split = verdict("split", realtime_lane(80.0, 20.0), 300.0, 30.0, step_budget_ms=50.0)
     assert split.gain is None
     assert split.sentence.startswith("The lanes are split")
     assert "80 ms" in split.sentence
+
+
+def realtime_lane(partial_p99: float | None, step_p99: float | None,
+                  streams: int = 1) -> dict[str, dict[str, Any]]:
+    return {"realtime": {"partial_latency_ms": {"p99": partial_p99},
+                         "step_duration_ms": {"p99": step_p99}, "active_sessions": streams}}
+
+
+def test_a_split_pool_is_judged_against_its_red_line_and_step_budget() -> None:
+    # what the issue saw: one stream, partial p99 924 ms, step p99 893 ms, budget 50 ms
+    slow = verdict("split", realtime_lane(924.0, 893.0), 300.0, 30.0, step_budget_ms=50.0)
+    assert (slow.gain, slow.over_red_line, slow.over_step_budget) == (None, True, True)
+    assert "never wait" not in slow.sentence
+    assert slow.sentence.startswith("The realtime lane is over its 300 ms red line: "
+                                    "partial p99 924 ms")
+    assert "step p99 893 ms against a 50 ms budget" in slow.sentence
+    assert "the engine's step on this hardware" in slow.sentence
+    crowded = verdict("split", realtime_lane(700.0, 40.0, streams=60), 300.0, 30.0,
+                      step_budget_ms=50.0)
+    assert (crowded.over_red_line, crowded.over_step_budget) == (True, False)
+    assert "too many streams for the realtime core (60 open)" in crowded.sentence
+    fine = verdict("split", realtime_lane(80.0, 20.0), 300.0, 30.0, step_budget_ms=50.0)
+    assert (fine.over_red_line, fine.over_step_budget) == (False, False)
+    assert "under the 300 ms red line" in fine.sentence
+    assert "within the 50 ms budget" in fine.sentence
+    idle = verdict("split", realtime_lane(None, None, streams=0), 300.0, 30.0,
+                   step_budget_ms=50.0)
+    assert (idle.over_red_line, idle.over_step_budget) == (None, None)
+    assert "no live partial in the last 30 s" in idle.sentence
 
 
 # --- the page, for real -----------------------------------------------------------------
@@ -257,3 +286,26 @@ def check_page(page: Any, tmp_path: Path) -> None:
     target = os.environ.get("LANEGATE_STATUS_SCREENSHOT")
     if target:
         shutil.copy(shot, target)
+
+
+def test_a_slow_split_pool_says_it_is_over_its_lines(
+        speech: Callable[..., Path], tmp_path: Path) -> None:
+    """``lanegate up`` whose realtime steps take 500 ms (the simulated engine's fixed cost):
+    one live stream runs far past the red line, and status.json says so, and why."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANEGATE_")}
+    env.update(LANEGATE_ENGINE="simulated", LANEGATE_SIM_STEP_FIXED_MS="500",
+               LANEGATE_STATUS_SAMPLE_S="1", LANEGATE_STATUS_WINDOW_S="120")
+    up = Up(tmp_path, "--lanes", "split", env=env)
+    try:
+        finish(stream(up, speech(RAIN)))
+        status = fresh_status(up)
+    finally:
+        up.stop()
+    lane = status["lanes"]["realtime"]
+    assert status["step_budget_ms"] == 50.0  # the budget the simulated engine's steps run under
+    assert lane["partial_latency_ms"]["p99"] > status["red_line_ms"], lane
+    assert lane["step_duration_ms"]["p99"] > status["step_budget_ms"], lane
+    split = status["split"]
+    assert (split["over_red_line"], split["over_step_budget"]) == (True, True)
+    assert split["sentence"].startswith("The realtime lane is over its 300 ms red line")
+    assert "the engine's step on this hardware" in split["sentence"]
