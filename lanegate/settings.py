@@ -471,6 +471,11 @@ class Settings:
                 raise SettingsError(f"{ENV_PREFIX}REDIS_URL: {exc}") from None
         self.free_disk_floor(0)  # raises for a malformed MIN_FREE_DISK
 
+    def step_budget(self, *, redecodes: bool) -> float:
+        """The realtime step budget (ms) an engine runs under: a re-decoding engine
+        (Whisper, ``CostPrior.redecodes``) has its own, WHISPER_STEP_BUDGET_MS."""
+        return self.whisper_step_budget_ms if redecodes else self.step_budget_ms
+
     def free_disk_floor(self, total_bytes: int) -> int:
         """The bytes ``min_free_disk`` keeps free on a filesystem of ``total_bytes``."""
         raw = self.min_free_disk.strip()
@@ -523,11 +528,6 @@ class Settings:
         """The environment that reproduces these settings in a child process."""
         out: dict[str, str] = {}
         for f in fields(self):
-    def step_budget(self, *, redecodes: bool) -> float:
-        """The realtime step budget (ms) an engine runs under: a re-decoding engine
-        (Whisper, ``CostPrior.redecodes``) has its own, WHISPER_STEP_BUDGET_MS."""
-        return self.whisper_step_budget_ms if redecodes else self.step_budget_ms
-
             value = getattr(self, f.name)
             out[ENV_PREFIX + f.name.upper()] = (
                 ("true" if value else "false") if isinstance(value, bool) else str(value)
