@@ -92,6 +92,8 @@ class Range:
 
 
 def _num(x: float | None) -> str:
+    if x is not None and float(x).is_integer():
+        return str(int(x))
     return f"{x:g}"
 
 
@@ -382,7 +384,9 @@ class Settings:
         16384, "Most bytes of a webhook receiver's response body read; the rest is dropped.", ge=0
     )
     webhook_max_attempts: int = _s(8, "Webhook delivery attempts before giving up.", ge=1)
-    webhook_backoff_s: float = _s(1.0, "First webhook retry delay; doubles each attempt.", ge=0)
+    webhook_backoff_s: float = _s(
+        1.0, "First webhook retry delay; doubles each attempt (capped at 1 h), each delay "
+        "jittered between half and all of it.", ge=0)
     webhook_timeout_s: float = _s(10.0, "Timeout of one webhook POST.", gt=0)
 
     # --- VAD -------------------------------------------------------------

@@ -25,7 +25,7 @@ Readiness: ``up`` waits until the gateway's ``/readyz`` answers 200 (Redis up
 and a realtime worker registered) within ``start_timeout_s``, then prints the
 URLs. A child that exits during start is fatal: a clear message, every other
 child stopped, exit 1. After start a child that exits is restarted with
-exponential backoff (1 s doubling to 30 s; reset after 60 s of good running),
+exponential backoff (1 s doubling to 30 s, jittered; reset after 60 s of good running),
 and each restart is logged. SIGINT / SIGTERM stop the workers first (they drain
 their sessions and hand their jobs back), then the gateway, then Redis: SIGTERM,
 then SIGKILL after ``stop_timeout_s``; exit 0. If the supervisor itself dies
@@ -55,6 +55,7 @@ from types import FrameType
 
 from lanegate.deathwatch import DeathWatch
 from lanegate.logs import configure_logging, get_logger
+from lanegate.retry import jittered_s
 from lanegate.settings import Settings, from_args
 
 log = get_logger("lanegate.supervisor")
@@ -263,7 +264,8 @@ class Supervisor:
 
     @staticmethod
     def _schedule_restart(child: Child, now: float) -> None:
-        child.restart_at = now + child.backoff_s
+        # jittered (lanegate.retry): children that died together do not restart together
+        child.restart_at = now + jittered_s(child.backoff_s, child.backoff_s, 0)
         child.backoff_s = min(BACKOFF_MAX_S, child.backoff_s * 2)
 
     def stop_all(self) -> None:

@@ -6,7 +6,8 @@ status, attempts) and schedules it in ``WEBHOOK_DUE_KEY`` (score = due time).
 A ``WebhookDispatcher`` (run by every batch worker) leases due deliveries by
 moving their score past the lease, POSTs ``{"id": ..., "status": ...}`` and
 then deletes the delivery (a 2xx) or reschedules it ``webhook_backoff_s x
-2^(attempt-1)`` later, up to ``webhook_max_attempts``. A dispatcher that dies
+2^(attempt-1)`` later (jittered: between half and all of it, ``lanegate.retry``),
+up to ``webhook_max_attempts``. A dispatcher that dies
 mid-POST leaves the lease to expire and the delivery is sent again: delivery
 is at least once; receivers dedupe on ``X-Lanegate-Delivery`` (the job id).
 Delivery never touches the job itself.
@@ -53,6 +54,7 @@ from lanegate.addresses import IPAddress, is_localhost_name, parse_ip, refusals
 from lanegate.constants import WEBHOOK_DUE_KEY, WEBHOOK_KEY
 from lanegate.logs import get_logger
 from lanegate.redis_io import decode_hash, text
+from lanegate.retry import Backoff, jittered_s
 from lanegate.settings import Settings
 
 SIGNATURE_HEADER = "X-Lanegate-Signature"
@@ -243,8 +245,10 @@ class CheckedResolver(AbstractResolver):
 
 
 def backoff_s(settings: Settings, attempts: int) -> float:
-    """Delay after the ``attempts``-th failed attempt (1, 2, ...)."""
-    return float(min(MAX_BACKOFF_S, settings.webhook_backoff_s * 2 ** max(0, attempts - 1)))
+    """Delay after the ``attempts``-th failed attempt (1, 2, ...): ``webhook_backoff_s``
+    doubling, capped, jittered (``lanegate.retry``) so deliveries that failed together
+    are not retried together."""
+    return jittered_s(settings.webhook_backoff_s, MAX_BACKOFF_S, attempts - 1)
 
 
 class WebhookDispatcher:
@@ -266,16 +270,16 @@ class WebhookDispatcher:
                       "queued until a worker with LANEGATE_WEBHOOK_SECRET runs")
             await stop.wait()
             return
-        backoff = POLL_S
+        backoff = Backoff(POLL_S, REDIS_BACKOFF_MAX_S)
         try:
             while not stop.is_set():
                 try:
                     sent = await self.deliver_due()
-                    backoff = POLL_S
+                    backoff.reset()
                 except (RedisConnectionError, RedisTimeoutError) as exc:
-                    log.warning("webhook_redis_unavailable", error=str(exc), retry_in_s=backoff)
-                    await _wait(stop, backoff)
-                    backoff = min(REDIS_BACKOFF_MAX_S, backoff * 2)
+                    delay = backoff.next_s()
+                    log.warning("webhook_redis_unavailable", error=str(exc), retry_in_s=delay)
+                    await _wait(stop, delay)
                     continue
                 if not sent:
                     await _wait(stop, POLL_S)

@@ -35,7 +35,6 @@ from lanegate.webhooks import (
     Lookup,
     WebhookDispatcher,
     WebhookRefused,
-    backoff_s,
     body_for,
     check_webhook_url,
     sign,
@@ -205,12 +204,6 @@ def test_any_v1_value_may_match() -> None:
     body, now = b"{}", int(time.time())
     right = sign(body, SECRET, now).split(",")[1]
     assert verify_signature(SECRET, f"t={now},v1={'0' * 64},{right}", body)
-
-
-def test_backoff_doubles_from_the_setting() -> None:
-    settings = Settings(webhook_backoff_s=0.5)
-    assert [backoff_s(settings, n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
-    assert backoff_s(settings, 100) == 3600.0
 
 
 async def test_completion_is_posted_signed_and_retried_until_2xx(

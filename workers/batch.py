@@ -17,7 +17,8 @@ Loop, one iteration:
 The default decode runs one engine call per segment off the event loop, and
 uses the engine's piecewise decoder when it has one (pocketsphinx holds the GIL
 for a whole call), so Redis touches and heartbeats keep running. Redis errors
-are waited out with exponential backoff; held jobs stay in memory meanwhile.
+are waited out with exponential backoff (jittered, ``lanegate.retry``); held jobs stay
+in memory meanwhile.
 SIGTERM: the current batch finishes, finished jobs are stored, and every other
 held job is handed back to the queue (not counted as an attempt).
 """
@@ -43,6 +44,7 @@ from lanegate.blobs import BlobError, BlobStore
 from lanegate.constants import ENGINE_SAMPLE_RATE, SAMPLE_WIDTH, WorkerLane
 from lanegate.logs import get_logger
 from lanegate.redis_io import redis_client
+from lanegate.retry import Backoff
 from lanegate.settings import Settings
 from lanegate.transcript import Transcript
 from lanegate.webhooks import WebhookDispatcher
@@ -113,7 +115,7 @@ class BatchConsumer:
         self._custom_decode = decode
         self._held: dict[str, HeldJob] = {}
         self._next_reclaim = 0.0
-        self._backoff = BACKOFF_MIN_S
+        self._backoff = Backoff(BACKOFF_MIN_S, BACKOFF_MAX_S)  # jittered: see lanegate.retry
         self.ready = False
         self.log = log.bind(lane=lane, worker=self.worker_id)
 
@@ -168,9 +170,9 @@ class BatchConsumer:
             await op(*args)
         except REDIS_ERRORS as exc:
             self.ready = False
-            self.log.warning("redis_unavailable", error=str(exc), retry_in_s=self._backoff)
-            await wait(stop, self._backoff)
-            self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
+            delay = self._backoff.next_s()
+            self.log.warning("redis_unavailable", error=str(exc), retry_in_s=delay)
+            await wait(stop, delay)
             return False
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
@@ -178,7 +180,7 @@ class BatchConsumer:
             self.log.warning("redis_group_missing", error=str(exc))
             await self.queue.ensure_group()
             return False
-        self._backoff = BACKOFF_MIN_S
+        self._backoff.reset()
         self.ready = True
         return True
 
