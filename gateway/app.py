@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp import WSCloseCode, web
 
 from gateway.auth import auth_enabled, leases_ctx
+from gateway.deepgram import setup_deepgram
 from gateway.errors import error_middleware
 from gateway.health import setup_health
 from gateway.links import links_ctx
@@ -106,6 +107,7 @@ def create_app(settings: Settings) -> web.Application:
     setup_health(app)
     setup_stream(app)
     setup_realtime_api(app)
+    setup_deepgram(app)
     setup_uploads(app)
     setup_openai(app)
     setup_page(app)

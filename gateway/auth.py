@@ -186,12 +186,14 @@ def auth_enabled(settings: Settings) -> bool:
     return bool(settings.api_key_set)
 
 
-def authenticate(request: web.Request) -> str | None:
-    """The caller's tenant, or None when auth is on and the key is missing or wrong."""
+def authenticate(request: web.Request, presented: str | None = None) -> str | None:
+    """The caller's tenant, or None when auth is on and the key is missing or wrong.
+    ``presented``: the key as another protocol carries it (default: ``api_key_of``)."""
     keys = request.app[SETTINGS].api_key_set
     if not keys:
         return ANONYMOUS
-    presented = api_key_of(request)
+    if presented is None:
+        presented = api_key_of(request)
     if presented is None:
         return None
     try:

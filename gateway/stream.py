@@ -117,7 +117,7 @@ class StreamSession:
             self.finished.set()
 
     async def _run(self) -> None:
-        tenant = authenticate(self.request)
+        tenant = self.authenticate()
         if tenant is None:
             await self.reject(Failure("unauthorized", "missing or invalid API key"))
             return
@@ -148,6 +148,10 @@ class StreamSession:
                 f"max_key_share {self.settings.max_key_share:g} of the live slots)")
 
     # --- the seams a session of another public protocol overrides ---------------------
+    def authenticate(self) -> str | None:
+        """The caller's tenant, or None for a missing or wrong key."""
+        return authenticate(self.request)
+
     def params(self) -> tuple[int, str] | Failure:
         """``(sample_rate, language)`` from the request, or why it is refused."""
         return parse_query(self.request)

@@ -248,6 +248,16 @@ class Settings:
         "(or, with auth off, one client address) may hold at once, combined with "
         "MAX_SESSIONS_PER_KEY (the lower wins; at least 1). 0 or 1: no share limit.", ge=0, le=1
     )
+    max_stream_channels: int = _s(
+        8, "Most audio channels one Deepgram `/v1/listen` stream may declare (`channels`); "
+        "with `multichannel=true` each channel is a realtime session of its own, counted "
+        "against MAX_SESSIONS_PER_KEY.", ge=1, le=64
+    )
+    deepgram_min_endpointing_ms: int = _s(
+        300, "Deepgram `endpointing` values below this are raised to it: lanegate's VAD ends a "
+        "segment on trailing silence alone, and a few tens of ms would cut between words.",
+        ge=30, le=10000
+    )
     body_read_timeout_s: float = _s(
         30.0, "Longest wait for the next bytes of a request body; a body that trickles slower "
         "is refused 408 `timeout` and its partial upload deleted.", gt=0

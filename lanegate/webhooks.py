@@ -4,7 +4,8 @@ When a job with a ``webhook_url`` completes or fails, the same Lua script that
 records the transition also writes a delivery (``WEBHOOK_KEY``: job_id, url,
 status, attempts) and schedules it in ``WEBHOOK_DUE_KEY`` (score = due time).
 A ``WebhookDispatcher`` (run by every batch worker) leases due deliveries by
-moving their score past the lease, POSTs ``{"id": ..., "status": ...}`` and
+moving their score past the lease, POSTs ``{"id": ..., "status": ...}`` (a Deepgram
+``callback`` job: Deepgram's whole response, ``lanegate/deepgram_response.py``) and
 then deletes the delivery (a 2xx) or reschedules it ``webhook_backoff_s x
 2^(attempt-1)`` later (jittered: between half and all of it, ``lanegate.retry``),
 up to ``webhook_max_attempts``. A dispatcher that dies
@@ -51,7 +52,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lanegate.addresses import IPAddress, is_localhost_name, parse_ip, refusals
-from lanegate.constants import WEBHOOK_DUE_KEY, WEBHOOK_KEY
+from lanegate.constants import JOB_KEY, RESULT_KEY, WEBHOOK_DUE_KEY, WEBHOOK_KEY
+from lanegate.deepgram_response import DEEPGRAM_FORMAT, callback_body
 from lanegate.logs import get_logger
 from lanegate.redis_io import decode_hash, text
 from lanegate.retry import Backoff, jittered_s
@@ -335,9 +337,18 @@ class WebhookDispatcher:
             pipe.zrem(WEBHOOK_DUE_KEY, job_id)
             await pipe.execute()
 
+    async def body(self, job_id: str, status: str) -> bytes:
+        """``{"id", "status"}``; for a Deepgram ``callback`` job, Deepgram's response
+        (``lanegate/deepgram_response.py``) as Deepgram POSTs it."""
+        fmt = await self.redis.hget(JOB_KEY.format(job_id=job_id), "response_format")
+        if fmt is not None and text(fmt) == DEEPGRAM_FORMAT:
+            result = await self.redis.get(RESULT_KEY.format(job_id=job_id))
+            return callback_body(job_id, status, result)
+        return body_for(job_id, status)
+
     async def _post(self, url: str, job_id: str, status: str,
                     attempt: int) -> tuple[int | None, str | None]:
-        body = body_for(job_id, status)
+        body = await self.body(job_id, status)
         headers = {"Content-Type": "application/json", DELIVERY_HEADER: job_id,
                    ATTEMPT_HEADER: str(attempt), "User-Agent": "lanegate-webhooks",
                    SIGNATURE_HEADER: sign(body, self.settings.webhook_secret, int(time.time()))}
