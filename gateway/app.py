@@ -37,6 +37,7 @@ from gateway.state import GATEWAY_ID, HTTP, JOBS, REDIS, SETTINGS, SOCKETS, UPLO
 from gateway.status import setup_status
 from gateway.stream import setup_stream
 from gateway.uploads import setup_uploads
+from gateway.wyoming import setup_wyoming
 from lanegate import metrics
 from lanegate.addresses import is_loopback_host
 from lanegate.logs import configure_logging, get_logger
@@ -105,6 +106,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_upload_pool_ctx)
     app.cleanup_ctx.append(links_ctx)  # after HTTP: the links close before it
     setup_health(app)
+    setup_wyoming(app)  # its cleanup after the links'; its drain begins with the streams'
     setup_stream(app)
     setup_realtime_api(app)
     setup_deepgram(app)

@@ -223,8 +223,13 @@ def lease_subject(request: web.Request, tenant: str) -> str:
     the client's address (behind a proxy: the proxy's, so limit per client there)."""
     if tenant != ANONYMOUS:
         return tenant
-    remote = request.remote or "unknown"
-    return "addr-" + hashlib.sha256(remote.encode()).hexdigest()[:16]
+    return address_subject(request.remote)
+
+
+def address_subject(remote: str | None) -> str:
+    """The lease subject of an anonymous caller at ``remote`` (its IP address): also a
+    Wyoming connection's, which has no key (``gateway/wyoming.py``)."""
+    return "addr-" + hashlib.sha256((remote or "unknown").encode()).hexdigest()[:16]
 
 
 def _share_limited(settings: Settings) -> bool:

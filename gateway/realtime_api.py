@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import time
 from collections.abc import Awaitable
 from typing import Any
 
@@ -109,13 +110,15 @@ class RealtimeSession(StreamSession):
             relay = RealtimeRelay(self, self.worker, session_id=self.session_id,
                                   sample_rate=config.rate,
                                   settings=self.settings, started=self.started,
-                                  reopen=reopen)
+                                  reopen=reopen, park=True)
             self.lane, self.log, self.relay = relay.lane, relay.log, relay
             await relay.run_from(first)
         finally:
             self.log_end()
             if self.worker is not None:
                 await self.worker.close()
+            if self.relay is not None:  # after a failover or a resume: another one
+                await self.relay.worker.close()
 
     # --- before the first audio -----------------------------------------------------
     def _session_event(self, verb: str, *, beta: bool | None = None) -> dict[str, Any]:
@@ -126,15 +129,32 @@ class RealtimeSession(StreamSession):
 
     async def _configure(self) -> str | None:
         """Apply updates until the first other client event (returned); None once the
-        client is gone or refused."""
+        client is gone or refused. A client that waits (a push-to-talk client before
+        its first turn) gives the worker session back after ``realtime_park_after_s``
+        and gets one again with its first other event, as a parked relay does."""
+        settings = self.settings
+        last = time.monotonic()
         while True:
+            close_at, failure = min(
+                (last + settings.realtime_idle_timeout_s,
+                 Failure("timeout", f"no audio or client event for "
+                         f"{settings.realtime_idle_timeout_s:g} s (realtime_idle_timeout_s)")),
+                (self.started + settings.realtime_max_session_s,
+                 Failure("timeout", f"session open for realtime_max_session_s "
+                         f"({settings.realtime_max_session_s:g} s)")),
+                key=lambda c: c[0])
+            wait = close_at
+            if self.worker is not None:
+                wait = min(wait, last + settings.realtime_park_after_s)
             try:
-                msg = await self.ws.receive(timeout=self.settings.idle_timeout_s)
+                msg = await self.ws.receive(timeout=max(0.001, wait - time.monotonic()))
             except TimeoutError:
-                await self.reject(Failure("timeout", f"no audio for "
-                                          f"{self.settings.idle_timeout_s:g} s "
-                                          "(idle_timeout_s)"))
+                if time.monotonic() < close_at:  # park: the slot goes back
+                    await self._release_worker()
+                    continue
+                await self.reject(failure)
                 return None
+            last = time.monotonic()
             if msg.type is WSMsgType.BINARY:
                 await self.send(self.error_event(
                     "bad_request", "binary frames are not Realtime API events; send "
@@ -149,8 +169,26 @@ class RealtimeSession(StreamSession):
             elif event["type"] in UPDATES:
                 if not await self._update_before_audio(event):
                     return None
+            elif self.worker is None and not await self._reopen_worker():
+                return None
             else:
                 return str(msg.data)
+
+    async def _release_worker(self) -> None:
+        assert self.worker is not None
+        await self.worker.close()
+        self.worker = None
+        self.log.info("stream_parked", audio_s=0.0)
+
+    async def _reopen_worker(self) -> bool:
+        """A worker session again, under a new id (the worker may not have dropped the
+        old one yet); False once the client has been refused."""
+        self.reopens += 1
+        self.worker_session_id = f"{self.session_id}-{self.reopens}"
+        config = self.config
+        self.worker = await self.open_worker(config.rate, config.language,
+                                             config.vad_overrides())
+        return self.worker is not None
 
     async def _update_before_audio(self, event: dict[str, Any]) -> bool:
         """Apply ``event``; False once the client has been refused (no worker)."""
@@ -166,11 +204,7 @@ class RealtimeSession(StreamSession):
             await self.worker.close()  # its slot first: the new session may need it
             # The worker drops an abandoned session at its next step, which may still be
             # running: the new one must not wait for that id to be free.
-            self.reopens += 1
-            self.worker_session_id = f"{self.session_id}-{self.reopens}"
-            self.worker = await self.open_worker(config.rate, config.language,
-                                                 config.vad_overrides())
-            if self.worker is None:
+            if not await self._reopen_worker():
                 return False
         await self.send(self._session_event(
             "updated", beta=event["type"] == "transcription_session.update"))
@@ -220,6 +254,7 @@ class RealtimeRelay(Relay):
         return None
 
     async def on_text(self, data: str) -> Failure | None:
+        self.touch()
         event = _client_event(data)
         if isinstance(event, ConfigError):
             await self._error(event.code, str(event), param=event.param)

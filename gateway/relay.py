@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from redis.exceptions import RedisError
@@ -94,9 +94,10 @@ Outcome = Ending | Failure
 
 
 class Client(Protocol):
-    """The public side of the relay (``gateway.stream.StreamSession``)."""
+    """The public side of the relay: ``gateway.stream.StreamSession`` (a ``SocketClient``,
+    whose WebSocket the relay reads), or a session whose relay reads its own transport
+    (``gateway/wyoming.py``: its relay overrides ``_pump_client``)."""
 
-    ws: web.WebSocketResponse
     shutting_down: bool
 
     async def send(self, event: dict[str, Any]) -> bool: ...
@@ -104,6 +105,13 @@ class Client(Protocol):
     def error_event(self, code: str, message: str) -> dict[str, Any]: ...
 
     async def close(self, code: int, message: str = "") -> None: ...
+
+
+@runtime_checkable
+class SocketClient(Client, Protocol):
+    """A client on a public WebSocket."""
+
+    ws: web.WebSocketResponse
 
 
 class Timeline:
@@ -324,6 +332,8 @@ class Relay:
     # --- client -> worker --------------------------------------------------------
 
     async def _pump_client(self) -> Outcome:
+        if not isinstance(self.client, SocketClient):
+            raise TypeError("a relay over another transport reads it in _pump_client")
         ws = self.client.ws
         while True:
             msg = await ws.receive()

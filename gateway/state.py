@@ -14,7 +14,8 @@
 * ``STREAMS``: the live ``/v1/stream`` sessions, drained on shutdown;
 * ``UPLOAD_POOL``: the bounded thread pool of upload decoding, blob writes and
   webhook lookups (``upload_threads``), apart from the default pool;
-* ``GAUGES``: when ``/metrics`` last read the cluster gauges from Redis.
+* ``GAUGES``: when ``/metrics`` last read the cluster gauges from Redis;
+* ``WYOMING``: the Wyoming TCP server and its open connections (``gateway/wyoming.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from gateway.health import GaugeCache
     from gateway.links import WorkerLinks
     from gateway.stream import StreamSession
+    from gateway.wyoming import WyomingServer
 
 SETTINGS = web.AppKey("settings", Settings)
 GATEWAY_ID = web.AppKey("gateway_id", str)
@@ -46,3 +48,4 @@ SOCKETS: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("sockets")
 STREAMS: web.AppKey[set[StreamSession]] = web.AppKey("stream_sessions")
 UPLOAD_POOL = web.AppKey("upload_pool", ThreadPoolExecutor)
 GAUGES: web.AppKey[GaugeCache] = web.AppKey("gauges")
+WYOMING: web.AppKey[WyomingServer] = web.AppKey("wyoming")

@@ -140,6 +140,14 @@ REJECTIONS = Counter(
 )
 
 
+PROTOCOL_SESSIONS = Counter(
+    "lanegate_protocol_sessions_total",
+    "Realtime-lane sessions of the gateway's adapter protocols (Wyoming), by lane, protocol "
+    "and how they ended (`done`, `client_gone`, or the error code).",
+    ["lane", "protocol", "outcome"],
+)
+
+
 class FailoverOutcome(enum.Enum):
     """How moving a live stream off a lost worker ended."""
 

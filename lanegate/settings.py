@@ -320,6 +320,24 @@ class Settings:
         15.0, "`lanegate up`: after SIGTERM, how long a child may take before SIGKILL.", gt=0
     )
 
+    # --- Wyoming (Home Assistant) ------------------------------------------
+    wyoming_port: int = _s(
+        10300, "Wyoming (Home Assistant's speech protocol) on this TCP port of HOST, served by "
+        "the gateway while auth is off (no API_KEYS): Wyoming has no authentication, so its "
+        "callers are anonymous, counted per client address. With API_KEYS set it stays "
+        "closed. 0: off.", cli=True, ge=0, le=65535
+    )
+    wyoming_max_event_bytes: int = _s(
+        65536, "Largest Wyoming event header line, and largest data part, in bytes; a bigger "
+        "one gets an `error` event and the connection is closed. Audio payloads are bounded "
+        "by MAX_FRAME_BYTES.", ge=256, le=16_777_216
+    )
+    wyoming_max_connections: int = _s(
+        256, "Most open Wyoming connections per gateway; one more gets an `error` event and is "
+        "closed. A connection holds a decoder slot only while its audio flows.",
+        ge=1, le=65535
+    )
+
     # --- status page (GET /status) ----------------------------------------
     status_window_s: float = _s(
         30.0, "The status page's percentiles, shares and verdict cover this many recent "

@@ -57,6 +57,7 @@ from lanegate.deathwatch import DeathWatch
 from lanegate.logs import configure_logging, get_logger
 from lanegate.retry import jittered_s
 from lanegate.settings import Settings, from_args
+from lanegate.wyoming_access import closed_reason, home_assistant_steps, shown_host
 
 log = get_logger("lanegate.supervisor")
 
@@ -450,7 +451,8 @@ def banner(settings: Settings, queued: str = "unknown") -> str:
         f"  gateway    {base}",
         f"  stream     {ws}/v1/stream?sample_rate=16000",
         f"  uploads    {base}/v1/transcriptions",
-        f"  openai     {base}/v1 (POST /v1/audio/transcriptions)",
+        f"  openai     {base}/v1 (POST /v1/audio/transcriptions, /v1/audio/translations)",
+        f"  wyoming    {wyoming_line(settings)}",
         f"  status     {base}/status",
         f"  metrics    {base}/metrics",
         f"  redis      {settings.redis_url}",
@@ -459,6 +461,15 @@ def banner(settings: Settings, queued: str = "unknown") -> str:
         f"  queued     {queued}",
         "Ctrl-C stops everything.",
     ])
+
+
+def wyoming_line(settings: Settings) -> str:
+    """Where Wyoming is served and how Home Assistant adds it, or why it is off."""
+    closed = closed_reason(settings)
+    if closed is not None:
+        return closed
+    return (f"tcp://{shown_host(settings.host)}:{settings.wyoming_port}  "
+            f"({home_assistant_steps(settings)})")
 
 
 def stopped_line(children: list[Child]) -> str:

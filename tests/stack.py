@@ -175,6 +175,7 @@ def start_stack(workdir: Path, *, settings: dict[str, str] | None = None,
         "LANEGATE_SLOTS": str(realtime_slots),
         "LANEGATE_LOG_LEVEL": "info",
         "LANEGATE_ENGINE": "pocketsphinx",
+        "LANEGATE_WYOMING_PORT": "0",  # a test that wants Wyoming names a free port
         **(settings or {}),
     }
     stack = Stack(workdir=workdir, redis=server, env=env, port=port)
@@ -201,7 +202,7 @@ def lone_gateway(workdir: Path, redis_url: str, **env: str) -> Iterator[str]:
     ``LANEGATE_*`` settings. Its log is ``workdir/gateway.log``."""
     port = free_port()
     full_env = {**os.environ, "LANEGATE_REDIS_URL": redis_url, "LANEGATE_PORT": str(port),
-                **env}
+                "LANEGATE_WYOMING_PORT": "0", **env}
     log_path = workdir / "gateway.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "lanegate.cli", "gateway"],

@@ -367,10 +367,14 @@ async def test_bad_client_events_are_errors_and_the_session_goes_on(
     updated = await raw.recv()
     assert updated["type"] == "session.updated"
     assert updated["session"]["audio"]["input"]["transcription"]["prompt"] == "hi"
-    # the session still works: it ends only on the idle timeout, like /v1/stream
-    err = await raw.error()
-    assert err["code"] == "timeout"
-    assert await raw.closed() == 1008
+    # the session still works: it answers a commit of enough audio
+    await raw.send(append(silence(200, 24000)))
+    await raw.send({"type": "input_audio_buffer.commit"})
+    events = [await raw.recv()]
+    while events[-1]["type"] != COMPLETED:
+        events.append(await raw.recv())
+    assert not [e for e in events if e["type"] == "error"], events
+    await raw.ws.close()
 
 
 # --- a lost gateway: the SDK's reconnect handler gets a new session -----------------------
@@ -523,3 +527,129 @@ async def test_speech_started_and_stopped_alternate_in_audio_order(
     completed = of(events, COMPLETED)
     assert [c.item_id for c in completed] == [e.item_id for e in vad[::2]]
     assert recall(two_cities[1], " ".join(c.transcript for c in completed)) >= 0.6
+
+
+# --- a silent session: its slot goes back, and it resumes at its next audio ---------------
+SERVER_VAD = {"type": "server_vad", "silence_duration_ms": 500}
+STARTED = "input_audio_buffer.speech_started"
+
+
+async def configured(conn: Any, rate: int, turn_detection: dict[str, Any] | None) -> None:
+    """``session.created``, then an update to ``rate`` and ``turn_detection``."""
+    assert (await asyncio.wait_for(conn.recv(), EVENT_WAIT_S)).type == "session.created"
+    await conn.session.update(session={"type": "transcription", "audio": {"input": {
+        "format": {"type": "audio/pcm", "rate": rate},
+        "transcription": {"language": "en"}, "turn_detection": turn_detection}}})
+    updated = await asyncio.wait_for(conn.recv(), EVENT_WAIT_S)
+    assert updated.type == "session.updated", updated
+
+
+async def say(conn: Any, pcm: bytes, rate: int, *, commit: bool = False) -> list[Any]:
+    """Append ``pcm`` at four times real time (and commit it): the events up to the
+    turn's ``completed``."""
+    step = rate * 2 * APPEND_MS // 1000
+    for off in range(0, len(pcm), step):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[off:off + step]).decode())
+        await asyncio.sleep(APPEND_MS / 1000 / 4)
+    if commit:
+        await conn.input_audio_buffer.commit()
+    events = await sdk_events(conn, lambda ev: bool(of(ev, COMPLETED)) or bool(of(ev, "error")))
+    assert not of(events, "error"), of(events, "error")
+    return events
+
+
+def free_slots(stack: Stack) -> int:
+    return sum(int(w["slots_free"]) for w in stack.live_workers().values())
+
+
+async def wait_all_slots_free(stack: Stack) -> None:
+    """Until every realtime slot is free (a silent session has parked), or fail."""
+    deadline = time.monotonic() + EVENT_WAIT_S
+    while await asyncio.to_thread(free_slots, stack) < 3:
+        assert time.monotonic() < deadline, "a silent session kept its decoder slot"
+        await asyncio.sleep(0.2)
+
+
+async def hold_every_slot(http: aiohttp.ClientSession, stack: Stack,
+                          keys: tuple[str, ...]) -> list[aiohttp.ClientWebSocketResponse]:
+    """A ``/v1/stream`` of each key (such a stream does not park: it holds its slot
+    until ``idle_timeout_s``), each ``ready``: every slot taken."""
+    url = stack.url.replace("http://", "ws://") + "/v1/stream?sample_rate=16000"
+    streams = []
+    for key in keys:
+        ws = await http.ws_connect(url, headers=auth(key))
+        ready = json.loads((await ws.receive(timeout=EVENT_WAIT_S)).data)
+        assert ready["type"] == "ready", ready
+        streams.append(ws)
+    return streams
+
+
+async def test_a_silent_session_gives_its_slot_back_and_resumes_at_its_next_audio(
+        http: aiohttp.ClientSession, stack: Stack, speech: Callable[..., Path]) -> None:
+    rate = 24000
+    first, _ = read_pcm(speech(TRAFFIC, rate=rate))
+    second, _ = read_pcm(speech(TALKING, rate=rate))
+    client = AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="alpha")
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        await configured(conn, rate, SERVER_VAD)
+        before = await say(conn, first + silence(1000, rate), rate)
+        # silent now: after realtime_park_after_s its slot goes back, and other keys'
+        # streams take every slot while it stays connected
+        await wait_all_slots_free(stack)
+        for ws in await hold_every_slot(http, stack, ("beta", "gamma", "delta")):
+            await ws.close()
+        after = await say(conn, second + silence(1000, rate), rate)
+    done_before, done_after = of(before, COMPLETED)[0], of(after, COMPLETED)[0]
+    assert recall(TRAFFIC, done_before.transcript) >= SENTENCE_RECALL, done_before.transcript
+    assert recall(TALKING, done_after.transcript) >= SENTENCE_RECALL, done_after.transcript
+    # the session goes on where it was: the next item follows the first, and the
+    # audio's times count from the session's first audio
+    assert of(after, "input_audio_buffer.committed")[0].previous_item_id == \
+        done_before.item_id
+    assert of(after, STARTED)[0].audio_start_ms >= (len(first) // 2 + rate) * 1000 // rate
+
+
+async def test_a_parked_session_without_a_free_slot_at_its_next_audio_is_overloaded(
+        http: aiohttp.ClientSession, stack: Stack) -> None:
+    raw = await opened(http, stack, "alpha")
+    await raw.send(append(silence(300, 24000)))
+    await raw.send({"type": "input_audio_buffer.commit"})
+    while (await raw.recv())["type"] != COMPLETED:
+        pass
+    await wait_all_slots_free(stack)
+    streams = await hold_every_slot(http, stack, ("beta", "gamma", "delta"))
+    await raw.send(append(silence(300, 24000)))  # resuming needs a slot, as a new session
+    err = await raw.error()
+    assert err["code"] == "overloaded", err
+    assert await raw.closed() == 1013
+    for ws in streams:
+        await ws.close()
+
+
+@pytest.mark.slow
+async def test_sdk_sessions_keep_working_after_40_s_of_silence(
+        stack: Stack, speech: Callable[..., Path]) -> None:
+    """The issue's case, with the Realtime defaults: 40 s without an append (a voice
+    agent while its bot talks, a push-to-talk client between turns) no longer closes the
+    session (it did at 30 s), for turn detection and for client commits alike."""
+    rate = 24000
+    first, _ = read_pcm(speech(TRAFFIC, rate=rate))
+    second, _ = read_pcm(speech(TALKING, rate=rate))
+
+    async def session(key: str, turn_detection: dict[str, Any] | None) -> list[str]:
+        client = AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=key)
+        commit = turn_detection is None
+        transcripts = []
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await configured(conn, rate, turn_detection)
+            for turn, pcm in enumerate((first, second)):
+                if turn:
+                    await asyncio.sleep(40)  # nothing sent, nothing received
+                events = await say(conn, pcm + silence(1000, rate), rate, commit=commit)
+                transcripts.append(of(events, COMPLETED)[0].transcript)
+        return transcripts
+
+    for transcripts in await asyncio.gather(session("alpha", SERVER_VAD),
+                                            session("beta", None)):
+        assert recall(TRAFFIC, transcripts[0]) >= SENTENCE_RECALL, transcripts
+        assert recall(TALKING, transcripts[1]) >= SENTENCE_RECALL, transcripts
