@@ -15,6 +15,18 @@ session does the client get ``worker_lost``. A relay made without ``reopen`` doe
 fail over. (The OpenAI Realtime API's relay also repeats, in place, the commits that
 no final has answered yet: ``gateway/realtime_api.py``.)
 
+A relay made with ``park=True`` (the OpenAI Realtime API's, Deepgram's live API's)
+keeps a silent session cheap: once no audio has come for ``realtime_park_after_s``
+(with no speech open and no commit unanswered; with speech open, after
+``idle_timeout_s``) it ends the worker session's audio, relays the last finals and
+gives the slot back (*parks*); the client's socket and its per-key lease stay. The
+next audio (or commit, or end) opens the session again, the way a failover does,
+and goes on from there: segment numbers and times continue where they were. The
+session is closed only after ``realtime_idle_timeout_s`` without audio or a client
+event (``touch``: a Deepgram KeepAlive, any Realtime event) or at
+``realtime_max_session_s``. When no slot is free at that next audio, the session
+ends ``overloaded``, as a new one would be refused.
+
 Latency metrics use the gateway's own clock: a compact timeline of (cumulative
 audio ms, arrival time) per received frame, trimmed as events pass, maps each
 event's ``audio_end_ms`` back to when that audio arrived.
@@ -172,6 +184,34 @@ def stall_deadline(settings: Settings, started: float,
     return min(candidates, key=lambda c: c[0])
 
 
+def parked_deadline(settings: Settings, started: float, last_activity: float,
+                    attached: tuple[float, float] | None,
+                    timeline: Timeline) -> tuple[float, Failure]:
+    """``stall_deadline`` for a relay that parks (``park=True``): the first of
+    ``realtime_idle_timeout_s`` after the client's last audio or event,
+    ``realtime_max_session_s`` after it opened, and, only while it holds a slot
+    (``attached``: since when, and the audio ms then), the ``min_realtime_ratio`` rule
+    counted from that attachment: a trickle of tiny frames cannot hold a slot, and
+    neither can a session that parked between turns be charged for its silence."""
+    idle = settings.realtime_idle_timeout_s
+    candidates = [
+        (last_activity + idle,
+         Failure("timeout", f"no audio or client event for {idle:g} s "
+                 "(realtime_idle_timeout_s)", graceful=True)),
+        (started + settings.realtime_max_session_s,
+         Failure("timeout", f"session open for realtime_max_session_s "
+                 f"({settings.realtime_max_session_s:g} s)", graceful=True)),
+    ]
+    ratio = settings.min_realtime_ratio
+    if ratio > 0 and attached is not None:
+        since, audio_ms = attached
+        candidates.append((
+            since + (timeline.audio_ms - audio_ms) / 1000.0 / ratio + settings.idle_timeout_s,
+            Failure("timeout", f"audio arrives at under {ratio:g} x real time "
+                    "(min_realtime_ratio)", graceful=True)))
+    return min(candidates, key=lambda c: c[0])
+
+
 def public_event(event: dict[str, Any]) -> dict[str, Any] | None:
     fields = PUBLIC_FIELDS.get(event["type"])
     if fields is None:
@@ -216,7 +256,7 @@ class Relay:
 
     def __init__(self, client: Client, worker: WorkerSession, *, session_id: str,
                  sample_rate: int, settings: Settings, started: float,
-                 reopen: Reopen | None = None) -> None:
+                 reopen: Reopen | None = None, park: bool = False) -> None:
         self.client = client
         self.worker = worker  # the current one; a failover replaces it
         self.session_id = session_id
@@ -241,6 +281,19 @@ class Relay:
         # stream offsets of the client's commits (OpenAI Realtime API) that no final has
         # answered yet: a failover repeats them, each after the same audio
         self.commits: deque[int] = deque()
+        # parking (module docstring): only with ``park`` and a way to reopen the session
+        self.park = park and reopen is not None
+        self.parks = 0
+        self.detached = False  # parking, parked or resuming: audio waits in _held
+        self._parking = False  # ``end`` went to the worker to park; its ``done`` is due
+        self._held: list[bytes | None] = []  # audio (None: a commit) while detached
+        self._held_bytes = 0
+        self._park_mark = 0  # stream offset (bytes) where the parked worker's audio ended
+        self._wanted = asyncio.Event()  # a parked session has audio, a commit or its end
+        self._touched = time.monotonic()  # the client's last event without audio (touch)
+        self._attached = (time.monotonic(), 0.0)  # holds a slot since when, audio ms then
+        self._speaking = False  # the worker's VAD has a segment open
+        self._unanswered = 0  # commits sent to the worker that no final answered yet
         # the lane's latency histograms, looked up once: ``labels()`` per event costs
         self._latency = {"partial": metrics.PARTIAL_LATENCY.labels(lane=self.lane),
                          "final": metrics.FINAL_LATENCY.labels(lane=self.lane)}
@@ -267,6 +320,17 @@ class Relay:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def touch(self) -> None:
+        """The client is there without audio (a Deepgram ``KeepAlive``, a Realtime API
+        event): a relay that parks is closed only ``realtime_idle_timeout_s`` after the
+        last audio or touch. Its slot still goes back after ``realtime_park_after_s``."""
+        self._touched = time.monotonic()
+
+    @property
+    def last_activity(self) -> float:
+        """The client's last audio or ``touch``."""
+        return max(self._touched, self.timeline.last_arrival or self.started)
+
     async def end(self, outcome: Outcome) -> Outcome:
         """Record how the session ended, then tell the client (``conclude``). Recorded
         first: a client that hangs up right after the close cancels the rest."""
@@ -279,7 +343,9 @@ class Relay:
         During a failover the new worker gets ``end`` after the replay."""
         if not self.ended:
             self.ended = True
-            if not self.switching:
+            if self.detached:  # a parked session ends here, a resuming one after it
+                self._wanted.set()
+            elif not self.switching:
                 with contextlib.suppress(WorkerLost):  # the worker pump fails over
                     await self.worker.end()
 
@@ -355,11 +421,105 @@ class Relay:
         while True:
             if self.ended:  # waiting for the worker's last finals; no audio expected
                 await asyncio.get_running_loop().create_future()  # until cancelled
-            deadline, failure = stall_deadline(self.settings, self.started, self.timeline)
-            left = deadline - time.monotonic()
-            if left <= 0:
+            deadline, failure = self.deadline()
+            now = time.monotonic()
+            if deadline <= now:
                 return failure
-            await asyncio.sleep(left)
+            if self.park:
+                park_at = self._park_at()
+                if park_at is not None and park_at <= now:
+                    await self._start_park()
+                    continue
+                # speech, commits and the attachment change without waking this task
+                deadline = min(deadline, now + self.settings.realtime_park_after_s,
+                               *(() if park_at is None else (park_at,)))
+            await asyncio.sleep(deadline - now)
+
+    def deadline(self) -> tuple[float, Failure]:
+        """When the session ends if nothing more comes, and why."""
+        if not self.park:
+            return stall_deadline(self.settings, self.started, self.timeline)
+        return parked_deadline(self.settings, self.started, self.last_activity,
+                               None if self.detached else self._attached, self.timeline)
+
+    # --- parking (module docstring) ---------------------------------------------------
+    def _park_at(self) -> float | None:
+        """When the session gives its slot back if no audio comes; None while it holds
+        none, or is failing over."""
+        if self.detached or self.switching:
+            return None
+        last_audio = max(self.timeline.last_arrival or self.started, self._attached[0])
+        quiet = not self._speaking and not self._unanswered
+        return last_audio + (self.settings.realtime_park_after_s if quiet
+                             else self.settings.idle_timeout_s)
+
+    async def _start_park(self) -> None:
+        """End the worker session's audio: its last finals and ``done`` follow, and the
+        worker pump then parks (``_parked``). Audio from now on waits in ``_held``."""
+        self.detached = self._parking = True
+        self._park_mark = self.timeline.audio_bytes
+        with contextlib.suppress(WorkerLost):  # the worker pump fails over
+            await self.worker.end()
+
+    def _hold(self, data: bytes) -> Failure | bool:
+        self._held.append(data)
+        self._held_bytes += len(data)
+        self._wanted.set()
+        if self.timeline.ms_of(self._held_bytes) > self.settings.max_undecoded_s * 1000:
+            return Failure("overloaded", "audio arrives faster than this session can be "
+                           f"resumed (over max_undecoded_s, {self.settings.max_undecoded_s:g} "
+                           "s, waiting)")
+        return True
+
+    async def _parked(self) -> Outcome | None:
+        """The worker sent the last finals and ``done``: the slot is back. Wait for the
+        next audio, commit or end, then resume (None); an ``Outcome`` if it ends."""
+        self._parking = False
+        await self.worker.close()
+        self.parks += 1
+        parked = time.monotonic()
+        self.log.info("stream_parked", audio_s=round(self.timeline.audio_ms / 1000, 3))
+        while not self._held:
+            if self.ended:
+                return Ending.DONE
+            self._wanted.clear()
+            await self._wanted.wait()
+        failure = await self._resume()
+        if failure is None:
+            self.log.info("stream_resumed", parked_s=round(time.monotonic() - parked, 3))
+        return failure
+
+    async def _resume(self) -> Failure | None:
+        """Open the session on a worker again, as a failover does (without a replay:
+        everything before ``_park_mark`` is final), and send what was held."""
+        assert self.reopen is not None
+        try:
+            worker = await self.reopen(self._recently_lost())
+        except (NoWorkers, Overloaded) as exc:
+            return Failure("overloaded", f"{exc}: no decoder slot to resume this session "
+                           "after its silence; try again later")
+        except RedisError:
+            return Failure("overloaded", "service unavailable; try again later")
+        self.worker = worker
+        offset_ms = self.timeline.ms_of(self._park_mark)
+        self.mapping = SegmentMap(self.next_segment, offset_ms)
+        if self.replay is not None:
+            self.replay.covered_until(offset_ms)
+        self._attached = (time.monotonic(), offset_ms)
+        self._speaking = False
+        self.log = self.log.bind(worker=worker.worker_id)
+        while self._held:  # no await between the last check and the switch
+            held, self._held, self._held_bytes = self._held, [], 0
+            for item in held:
+                if item is None:
+                    self._unanswered += 1
+                    await worker.commit()
+                else:
+                    await worker.send_audio(item)
+        self.detached = False
+        if self.ended:
+            await worker.end()
+        return None
 
     async def _on_audio(self, data: bytes) -> Failure | None:
         taken = self._take_audio(data)
@@ -396,6 +556,8 @@ class Relay:
             self.replay.append(data)
         if self.switching:
             return True  # the failover replays it
+        if self.detached:
+            return self._hold(data)  # the session resumes with it
         try:
             return self.worker.queue_audio(data)
         except WorkerLost:
@@ -432,6 +594,11 @@ class Relay:
             self.commits.append(self.replay.end)
             if self.switching:
                 return True  # the failover's replay commits it in place
+        if self.detached:
+            self._held.append(None)  # the session resumes with it, after its audio
+            self._wanted.set()
+            return True
+        self._unanswered += 1
         try:
             await self.worker.commit()
         except WorkerLost:
@@ -445,9 +612,18 @@ class Relay:
     async def _pump_worker(self) -> Outcome:
         while True:
             try:
-                return await self._relay_events()
+                outcome = await self._relay_events()
+                if outcome is not Ending.DONE or not self._parking:
+                    return outcome
+                ended = await self._parked()
+                if ended is not None:
+                    return ended
+                # resumed: relay the new worker's events
             except WorkerLost as exc:
                 self.log.warning("worker_lost", reason=str(exc))
+                if self.detached and self.replay is not None:  # it replays what was held
+                    self.detached = self._parking = False
+                    self._held, self._held_bytes = [], 0
                 failure = await self._fail_over()
                 if failure is not None:
                     return failure
@@ -469,16 +645,23 @@ class Relay:
         return Failure("worker_lost", "the worker ended the session without done")
 
     def _advance(self, kind: str, event: dict[str, Any]) -> None:
-        """What a relayed event tells the failover: where the next segment starts."""
+        """What a relayed event tells the failover (where the next segment starts) and
+        the parking (whether speech is open, commits unanswered)."""
         if kind == "partial" and isinstance(event.get("audio_end_ms"), int | float):
             self.last_partial_ms = float(event["audio_end_ms"])
         elif kind == "final":
             if isinstance(event.get("segment"), int):
                 self.next_segment = event["segment"] + 1
-            if event.get("cut") == "commit" and self.commits:
-                self.commits.popleft()  # finals answer commits in order
+            if event.get("cut") == "commit":
+                self._unanswered = max(0, self._unanswered - 1)
+                if self.commits:
+                    self.commits.popleft()  # finals answer commits in order
             if self.replay is not None and isinstance(event.get("end_ms"), int | float):
                 self.replay.covered_until(self._next_start_ms(event))
+        elif kind == "speech_started":
+            self._speaking = True
+        elif kind == "speech_stopped":
+            self._speaking = False
 
     def _next_start_ms(self, final: dict[str, Any]) -> float:
         """The earliest the segment after ``final`` can start. A max-window cut is in

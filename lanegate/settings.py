@@ -239,6 +239,23 @@ class Settings:
         "IDLE_TIMEOUT_S (audio < ratio x (open time - IDLE_TIMEOUT_S)) is closed `timeout`: "
         "a trickle of tiny frames cannot hold a slot. 0: off.", ge=0, le=1
     )
+    realtime_park_after_s: float = _s(
+        2.0, "An OpenAI Realtime or Deepgram live session that has sent no audio for this "
+        "long, with no speech open and no commit unanswered, gives its decoder slot back "
+        "(its audio so far finalized) and takes one again at its next audio; with speech "
+        "still open it does so after IDLE_TIMEOUT_S. Its socket and per-key lease stay.",
+        gt=0, le=3600
+    )
+    realtime_idle_timeout_s: float = _s(
+        600.0, "An OpenAI Realtime or Deepgram live session with no audio and no client "
+        "event (a Realtime event, a Deepgram KeepAlive) for this long is closed `timeout`.",
+        gt=0, le=86400
+    )
+    realtime_max_session_s: float = _s(
+        1800.0, "Longest an OpenAI Realtime or Deepgram live session may stay open, in "
+        "wall-clock time (OpenAI's own limit is 30 minutes); then it is closed `timeout` "
+        "after its last finals.", gt=0, le=86400
+    )
     max_sessions_per_key: int = _s(
         16, "Concurrent realtime sessions (streams and short uploads) per API key; with auth "
         "off, per client address. 0: no absolute cap.", ge=0
