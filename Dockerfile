@@ -25,9 +25,13 @@ COPY engines ./engines
 COPY lanes ./lanes
 COPY vad ./vad
 COPY workers ./workers
-# Only the runtime dependencies: no [dev], [bench] or [torch] extras.
+# Only the runtime dependencies: no [dev] or [bench] extras. Then out again: onnxruntime
+# (faster-whisper's Silero VAD; lanegate finds speech with webrtcvad and never loads it)
+# and what only it brings. tests/test_image_deps.py decodes with them unimportable and
+# checks this list. huggingface-hub stays: faster-whisper imports it on import.
 RUN /opt/lanegate/bin/pip install --upgrade pip \
-    && /opt/lanegate/bin/pip install .
+    && /opt/lanegate/bin/pip install . \
+    && /opt/lanegate/bin/pip uninstall -y onnxruntime protobuf flatbuffers
 
 FROM build AS build-cuda
 RUN /opt/lanegate/bin/pip install "nvidia-cublas-cu12==12.*"
