@@ -42,9 +42,12 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Two realtime workers of one slot each; a silent worker is lost after 1.5 s
     (``worker_lost_timeout_s`` 2: on this shared 2-core machine a worker digesting a
     replay while others run has missed a 0.75 s limit)."""
-    # the victim and the bystander come anonymously from one address: no share limit
+    # the victim and the bystander come anonymously from one address: no share limit;
+    # a Realtime API session between its turns keeps its worker (no parking) until the
+    # test has picked that worker as the victim
     s = start_stack(tmp_path_factory.mktemp("failover-stack"), batch=False,
-                    realtime_slots=1, settings={"LANEGATE_MAX_KEY_SHARE": "1"})
+                    realtime_slots=1, settings={"LANEGATE_MAX_KEY_SHARE": "1",
+                                                "LANEGATE_REALTIME_PARK_AFTER_S": "60"})
     try:
         s.ensure_workers(*WORKERS)
         yield s
