@@ -476,6 +476,8 @@ class Relay:
         next audio, commit or end, then resume (None); an ``Outcome`` if it ends."""
         self._parking = False
         await self.worker.close()
+        if self.replay is not None:  # every final is in: a parked session keeps no audio
+            self.replay.covered_until(self.timeline.ms_of(self._park_mark))
         self.parks += 1
         parked = time.monotonic()
         self.log.info("stream_parked", audio_s=round(self.timeline.audio_ms / 1000, 3))
@@ -503,8 +505,6 @@ class Relay:
         self.worker = worker
         offset_ms = self.timeline.ms_of(self._park_mark)
         self.mapping = SegmentMap(self.next_segment, offset_ms)
-        if self.replay is not None:
-            self.replay.covered_until(offset_ms)
         self._attached = (time.monotonic(), offset_ms)
         self._speaking = False
         self.log = self.log.bind(worker=worker.worker_id)
