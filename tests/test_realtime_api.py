@@ -584,21 +584,25 @@ async def hold_every_slot(http: aiohttp.ClientSession, stack: Stack,
     return streams
 
 
+@pytest.mark.parametrize("turn_detection", [SERVER_VAD, None], ids=["server_vad", "commits"])
 async def test_a_silent_session_gives_its_slot_back_and_resumes_at_its_next_audio(
-        http: aiohttp.ClientSession, stack: Stack, speech: Callable[..., Path]) -> None:
+        http: aiohttp.ClientSession, stack: Stack, speech: Callable[..., Path],
+        turn_detection: dict[str, Any] | None) -> None:
     rate = 24000
+    commit = turn_detection is None
     first, _ = read_pcm(speech(TRAFFIC, rate=rate))
     second, _ = read_pcm(speech(TALKING, rate=rate))
     client = AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="alpha")
     async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
-        await configured(conn, rate, SERVER_VAD)
-        before = await say(conn, first + silence(1000, rate), rate)
+        await configured(conn, rate, turn_detection)
+        await wait_all_slots_free(stack)  # no slot before its first audio either
+        before = await say(conn, first + silence(1000, rate), rate, commit=commit)
         # silent now: after realtime_park_after_s its slot goes back, and other keys'
         # streams take every slot while it stays connected
         await wait_all_slots_free(stack)
         for ws in await hold_every_slot(http, stack, ("beta", "gamma", "delta")):
             await ws.close()
-        after = await say(conn, second + silence(1000, rate), rate)
+        after = await say(conn, second + silence(1000, rate), rate, commit=commit)
     done_before, done_after = of(before, COMPLETED)[0], of(after, COMPLETED)[0]
     assert recall(TRAFFIC, done_before.transcript) >= SENTENCE_RECALL, done_before.transcript
     assert recall(TALKING, done_after.transcript) >= SENTENCE_RECALL, done_after.transcript
@@ -606,7 +610,8 @@ async def test_a_silent_session_gives_its_slot_back_and_resumes_at_its_next_audi
     # audio's times count from the session's first audio
     assert of(after, "input_audio_buffer.committed")[0].previous_item_id == \
         done_before.item_id
-    assert of(after, STARTED)[0].audio_start_ms >= (len(first) // 2 + rate) * 1000 // rate
+    if not commit:
+        assert of(after, STARTED)[0].audio_start_ms >= (len(first) // 2 + rate) * 1000 // rate
 
 
 async def test_a_parked_session_without_a_free_slot_at_its_next_audio_is_overloaded(
