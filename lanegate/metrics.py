@@ -175,8 +175,8 @@ def init_gateway_series(lanes: tuple[str, ...] = ("realtime", "batch")) -> None:
     GATEWAY_WORKER_LINKS.labels(lane="realtime")
     for outcome in FailoverOutcome:
         FAILOVERS.labels(lane="realtime", outcome=outcome.value)
-    for outcome in ("done", "client_gone", "overloaded"):
-        PROTOCOL_SESSIONS.labels(lane="realtime", protocol="wyoming", outcome=outcome)
+    for ended in ("done", "client_gone", "overloaded"):
+        PROTOCOL_SESSIONS.labels(lane="realtime", protocol="wyoming", outcome=ended)
 
 
 def init_worker_series(lane: str, worker: str) -> None:
