@@ -129,6 +129,10 @@ class EngineStream(Protocol):
     def finish(self) -> Hypothesis:
         """End the utterance; the final hypothesis with word timings."""
 
+    def context_samples(self) -> int:
+        """Audio the next step decodes besides its new chunk (16 kHz samples): 0 for an
+        incremental engine; a re-decoding one's window (its final: the whole segment)."""
+
     def close(self) -> None:
         """Give the slot back."""
 

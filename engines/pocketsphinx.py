@@ -132,6 +132,9 @@ class PocketsphinxStream:
         self._in_utt = False
         return final_hypothesis(self.decoder)
 
+    def context_samples(self) -> int:
+        return 0  # incremental: a step decodes only its chunk
+
     def close(self) -> None:
         if self._in_utt:
             self.decoder.end_utt()

@@ -114,6 +114,9 @@ class SimulatedStream:
         self.start()
         return Hypothesis(" ".join(w.word for w in words), words, language=LANGUAGE)
 
+    def context_samples(self) -> int:
+        return 0  # incremental: a step decodes only its chunk
+
     def close(self) -> None:
         self._engine.slots.give_back()
 

@@ -71,6 +71,13 @@ VAD_FRAME = RATE * 30 // 1000  # samples per webrtcvad frame
 TIMESTAMP_S = 0.02  # Whisper's timestamp token resolution
 # A language detected on this much speech is kept for the rest of the session.
 LANGUAGE_FIX_S = 2.0
+# A word starting this long after the last voiced frame was not said (webrtcvad frames
+# are 30 ms; the aligner's timings 20 ms).
+VOICED_SLACK_S = 0.1
+# A window's word starting this little before the last committed word's end is new.
+WORD_OVERLAP_S = 0.1
+# A step decodes a segment only once it holds this much audio from its speech's start.
+MIN_STEP_AUDIO_S = 1.0
 # Tokens generated per step at most: a base and a per-audio-second allowance.
 BASE_TOKENS = 8
 # faster-whisper's defaults: punctuation merged into the word before or after it.
@@ -82,6 +89,8 @@ PRIOR_FRAME_S = 0.00025
 PRIOR_FRAME2_S = 2.0e-8
 PRIOR_TOKEN_S = 0.015
 PRIOR_TOKENS_PER_STEP = 8.0
+# Whisper's previous-text context holds at most this many tokens (half its 448).
+PROMPT_TOKENS = 223
 
 
 def resolve_device(device: Device) -> str:
@@ -157,6 +166,7 @@ class SpeechGate:
         self._frames = 0
         self.speech_frames = 0
         self.first_speech: int | None = None  # sample index
+        self.voiced_end = 0  # sample index: the end of the last speech frame so far
 
     def push(self, pcm: bytes) -> None:
         data = self._tail + pcm
@@ -167,6 +177,7 @@ class SpeechGate:
                 self.speech_frames += 1
                 if self.first_speech is None:
                     self.first_speech = self._frames * VAD_FRAME
+                self.voiced_end = (self._frames + 1) * VAD_FRAME
             self._frames += 1
         self._tail = data[whole:]
 
@@ -199,7 +210,19 @@ class Job:
 
 
 class WhisperStream:
-    """One decoder slot: the audio of the current segment and what is committed of it."""
+    """One decoder slot: the audio of the current segment and what is committed of it.
+
+    A step decodes a window, not the segment: it starts at a committed word's end about
+    ``whisper_lookback_ms`` before the first word not yet committed (no earlier than the
+    segment's speech), and is never longer than ``whisper_step_window_s``. Neither the
+    committed words in the window (forced as a prefix) nor those before it (as the
+    prompt) condition the decoder: measured on a dialogue that repeats lines, the
+    committed text as the prompt made the decoder loop ("Yes. Yes. Yes.") and partials
+    stall 3.9 s, 1.7 s without it; a forced prefix that was wrong froze the stream
+    (every later decode judged a loop). The window's words past the committed ones
+    (``past``) are the news. The final (``closing``) decodes the whole segment afresh,
+    as the batch lane does, and detects the language on it when the client gave none.
+    """
 
     def __init__(self, engine: WhisperEngine, options: DecodeOptions) -> None:
         self._engine = engine
@@ -211,12 +234,20 @@ class WhisperStream:
         self.audio = bytearray()
         self.gate = SpeechGate(self._engine.vad_aggressiveness)
         self.agreement = LocalAgreement()
-        self.committed: list[int] = []  # tokens of the committed words
+        self.words: list[Word] = []  # the committed words (seconds from the segment start)
+        self.tokens: list[list[int]] = []  # each committed word's tokens
+        self._tentative: list[tuple[Word, list[int]]] = []  # the last hypothesis past them
+        self._kept = 0  # committed words before the decoded window
         self.hyp = Hypothesis("", (), self.language or "")
         self.partial = Hypothesis("", (), self.language or "")
         self.decoded = 0  # bytes of audio that ``hyp`` covers
         self.offset_s = 0.0  # where the decoded audio starts in the segment
-        self.closing = False  # the next decode is the final: fresh, without the prefix
+        self.closing = False  # the next decode is the final: the whole segment, afresh
+
+    @property
+    def committed(self) -> list[int]:
+        """The tokens of the committed words."""
+        return [t for group in self.tokens for t in group]
 
     def last_chunk(self) -> None:
         self.closing = True
@@ -230,48 +261,111 @@ class WhisperStream:
     def stale(self) -> bool:
         return self.decoded != len(self.audio)
 
-    def job(self) -> Job:
-        """The audio to decode: from just before the first speech, at most the window."""
-        engine = self._engine
+    def context_samples(self) -> int:
+        """Audio of the segment the next step decodes besides new audio: its window."""
+        if self.closing:
+            return len(self.audio) // BYTES_PER_SAMPLE - self._speech_start()
+        return len(self.audio) // BYTES_PER_SAMPLE - self._window_start()
+
+    def _speech_start(self) -> int:
         first = self.gate.first_speech or 0
-        start = max(0, first - engine.pad_samples)
-        keep = engine.max_audio_samples
         end = len(self.audio) // BYTES_PER_SAMPLE
-        start = max(start, end - keep)
+        return max(0, first - self._engine.pad_samples, end - self._engine.max_audio_samples)
+
+    def _window_start(self) -> int:
+        """Where a step's window starts (a sample); committed words before it are
+        ``_kept``. Words of the last hypothesis that the window's cap leaves behind
+        are committed as they were (rare: two decodes kept disagreeing about them)."""
+        engine = self._engine
+        end = len(self.audio) // BYTES_PER_SAMPLE
+        floor = max(self._speech_start(), end - engine.step_window_samples)
+        if self._tentative and self._tentative[0][0].end * RATE <= floor + engine.lookback_samples:
+            behind = floor / RATE + engine.lookback_s
+            while self._tentative and self._tentative[0][0].end <= behind:
+                word, tokens = self._tentative.pop(0)
+                self.words.append(word)
+                self.tokens.append(tokens)
+            self.agreement.committed = len(self.words)
+        open_at = self.words[-1].end if self.words else 0.0
+        target = max(open_at - engine.lookback_s, floor / RATE)
+        kept = 0
+        while kept < len(self.words) and self.words[kept].end <= target:
+            kept += 1
+        self._kept = kept
+        start = round(self.words[kept - 1].end * RATE) if kept else 0
+        return max(floor, start)
+
+    def job(self) -> Job:
+        """The audio to decode: the window (a step) or the whole segment (the final)."""
+        if self.closing:
+            start = self._speech_start()
+            self._kept = 0
+            language = self.options.language  # None: detected on the whole segment
+        else:
+            start = self._window_start()
+            language = self.language
         self.offset_s = start / RATE
-        prefix = [] if self.closing else list(self.committed)
-        return Job(as_float(self.audio[start * BYTES_PER_SAMPLE :]), self.language,
-                   prefix, self.options.prompt, self.options.temperature, self.options.task)
+        return Job(as_float(self.audio[start * BYTES_PER_SAMPLE :]), language, [],
+                   self.options.prompt, self.options.temperature, self.options.task)
+
+    def ready(self) -> bool:
+        """Worth decoding: enough speech, and (a step) enough audio from the speech's start
+        that Whisper does not guess (under a second it makes up words)."""
+        engine = self._engine
+        if self.gate.speech_s < engine.min_speech_s:
+            return False
+        end = len(self.audio) // BYTES_PER_SAMPLE
+        return self.closing or end - self._speech_start() >= MIN_STEP_AUDIO_S * RATE
 
     def take(self, decoded: Decoded | None) -> None:
-        """A decode of all audio so far (None: not worth decoding, no text)."""
+        """A decode of the window or the segment (None: not worth decoding, no text)."""
         self.decoded = len(self.audio)
         if decoded is None or decoded.no_speech:
             # Committed words stay: a doubtful decode (of the tail, or the fresh final one)
             # does not unsay what two decodes agreed on. Noise never has any.
             empty = Hypothesis("", (), self.language or "")
-            self.hyp = self.partial if self.committed else empty
+            self.hyp = self.partial if self.words else empty
+            self._tentative = []
             if self.closing:
                 self.partial = empty
             return
-        if self.language is None and self.gate.speech_s >= LANGUAGE_FIX_S:
-            self.language = decoded.language
-        words = [Word(w.word, w.start + self.offset_s, w.end + self.offset_s)
-                 for w in decoded.words]
+        if self.options.language is None and self.gate.speech_s >= LANGUAGE_FIX_S \
+                and (self.closing or self.language is None):
+            self.language = decoded.language  # a final's, on a whole segment, prevails
+        timed = said([(Word(w.word, w.start + self.offset_s, w.end + self.offset_s), t)
+                      for w, t in zip(decoded.words, decoded.word_tokens, strict=True)],
+                     self.gate.voiced_end / RATE, len(self.audio) / BYTES_PER_SAMPLE / RATE)
+        if self.closing:  # the final follows at once; a partial may not correct the last one
+            words = [w for w, _ in timed]
+            self.hyp = Hypothesis(" ".join(w.word for w in words), tuple(words),
+                                  decoded.language)
+            self.partial = Hypothesis("", (), decoded.language)
+            return
+        new = past(self.words, timed, len(self.words) - self._kept)
+        words = self.words + [w for w, _ in new]
         horizon = len(self.audio) / BYTES_PER_SAMPLE / RATE - self._engine.commit_margin_s
         eligible = sum(1 for w in words if w.end <= horizon)
         committed = self.agreement.update([w.word for w in words], eligible)
-        self.committed = [t for group in decoded.word_tokens[:committed] for t in group]
+        # A word this old is shown even if two decodes did not agree on it (loops on
+        # repeated lines can keep them from agreeing for seconds): partials never stall
+        # while speech flows. The final, a fresh decode, corrects it if it was wrong.
+        overdue = horizon + self._engine.commit_margin_s - self._engine.commit_lag_s
+        committed = max(committed, sum(1 for w in words if w.end <= overdue))
+        self.agreement.committed = committed
+        fresh = max(0, committed - len(self.words))
+        self.words += [w for w, _ in new[:fresh]]
+        self.tokens += [t for _, t in new[:fresh]]
+        self._tentative = new[fresh:]
         self.hyp = Hypothesis(" ".join(w.word for w in words), tuple(words), decoded.language)
-        if self.closing:  # the final follows at once; a partial may not correct the last one
-            self.partial = Hypothesis("", (), decoded.language)
-            return
-        stable = words[:committed]
-        self.partial = Hypothesis(" ".join(w.word for w in stable), tuple(stable),
+        self.partial = Hypothesis(" ".join(w.word for w in self.words), tuple(self.words),
                                   decoded.language)
 
     def finish(self) -> Hypothesis:
-        if self.stale:  # normally the last step decoded everything; a drain may not have
+        if self.stale or not self.closing:
+            # The step with the segment's last chunk decoded it for the final; a cut the
+            # VAD found behind the cursor (max window), or a drain, did not: the final is
+            # the same fresh decode of the whole segment, never the steps' partials.
+            self.closing = True
             self._engine.decode_streams([self])
         hyp = self.hyp
         self.start()
@@ -279,6 +373,38 @@ class WhisperStream:
 
     def close(self) -> None:
         self._engine.slots.give_back()
+
+
+def past(committed: list[Word], window: list[tuple[Word, list[int]]], overlap: int = 0
+         ) -> list[tuple[Word, list[int]]]:
+    """The window's words that come after the committed ones: those that start after
+    the last committed word's end (give or take the aligner's slack), less a head that
+    says the committed tail again (the ``overlap`` committed words inside the window,
+    re-decoded, or up to 5 words; compared loosely; whisper_streaming's rule)."""
+    if not committed:
+        return window
+    after = committed[-1].end - WORD_OVERLAP_S
+    new = [(w, t) for w, t in window if w.start >= after]
+    for n in range(min(max(5, overlap), len(new), len(committed)), 0, -1):
+        if [comparable(w.word) for w, _ in new[:n]] == \
+                [comparable(w.word) for w in committed[-n:]]:
+            return new[n:]
+    return new
+
+
+def said(words: list[tuple[Word, list[int]]], voiced_end_s: float, audio_end_s: float
+         ) -> list[tuple[Word, list[int]]]:
+    """The words without a trailing run placed after the last voiced audio: nobody said
+    them. Whisper, given silence after the speech, sometimes says the segment's last
+    sentence again; the aligner puts those words, each of no length, past the voice
+    (measured on the shared recording: segment 2's repeat at 20.72 s, its voice ends at
+    20.54 s). A step's window ends mid-speech: there the decoder's loops ("Yes. Yes.
+    Yes.") are the words squeezed into its last 0.1 s."""
+    limit = min(voiced_end_s, audio_end_s - VOICED_SLACK_S) + VOICED_SLACK_S
+    cut = len(words)
+    while cut and words[cut - 1][0].start > limit:
+        cut -= 1
+    return words[:cut]
 
 
 class WhisperEngine:
@@ -306,6 +432,12 @@ class WhisperEngine:
         self.logprob_threshold = settings.logprob_threshold
         self.compression_ratio_threshold = settings.compression_ratio_threshold
         self.commit_margin_s = settings.whisper_commit_margin_ms / 1000
+        self.lookback_s = settings.whisper_lookback_ms / 1000
+        self.commit_lag_s = max(settings.whisper_commit_lag_ms,
+                                settings.whisper_commit_margin_ms) / 1000
+        self.lookback_samples = settings.whisper_lookback_ms * RATE // 1000
+        self.step_window_samples = min(self.max_audio_samples,
+                                       int(settings.whisper_step_window_s * RATE))
         self.tokens_per_s = settings.whisper_tokens_per_s
         self.min_speech_s = settings.min_speech_ms / 1000
         self.vad_aggressiveness = settings.vad_aggressiveness
@@ -367,7 +499,7 @@ class WhisperEngine:
 
     def decode_streams(self, streams: Sequence[WhisperStream]) -> None:
         """Re-decode each stream's segment; streams with too little speech get no text."""
-        todo = [s for s in dict.fromkeys(streams) if s.gate.speech_s >= self.min_speech_s]
+        todo = [s for s in dict.fromkeys(streams) if s.ready()]
         for stream in streams:
             if stream not in todo:
                 stream.take(None)
@@ -447,7 +579,7 @@ class WhisperEngine:
         tok = self.tokenizer(language, job.task)
         prompt: list[int] = []
         if job.prompt:
-            prompt += [tok.sot_prev, *tok.encode(" " + job.prompt.strip())[-(223):]]
+            prompt += [tok.sot_prev, *tok.encode(" " + job.prompt.strip())[-PROMPT_TOKENS:]]
         prompt += list(tok.sot_sequence)
         if job.prefix:
             prompt += [tok.timestamp_begin, *job.prefix]

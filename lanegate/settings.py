@@ -487,8 +487,20 @@ class Settings:
         3.0, "Whisper: text that compresses (zlib) by more than this is a decoder loop, "
         "not speech, and is dropped (a 23 s segment saying sentences twice: up to 2.7).", gt=0)
     whisper_commit_margin_ms: int = _s(
-        500, "Realtime Whisper: a word is committed (shown in partials, forced as the "
-        "decoder prefix) only if it ends this far before the end of the audio so far.", ge=0)
+        500, "Realtime Whisper: a word is committed (shown in partials) only if it ends "
+        "this far before the end of the audio so far.", ge=0)
+    whisper_commit_lag_ms: int = _s(
+        1200, "Realtime Whisper: a word that ends this far before the end of the audio so far "
+        "is committed even if two decodes did not agree on it (partials never stall while "
+        "speech flows; the final corrects it). At least WHISPER_COMMIT_MARGIN_MS.",
+        ge=0, le=10000)
+    whisper_step_window_s: float = _s(
+        10.0, "Realtime Whisper: most audio one step re-decodes (the final decodes the whole "
+        "segment once): a long segment costs a step no more than a short one.", ge=2, le=30)
+    whisper_lookback_ms: int = _s(
+        1000, "Realtime Whisper: committed speech a step's window re-decodes before the first "
+        "word not yet committed (acoustic context; the words it says again are dropped).",
+        ge=0, le=10000)
     sim_step_fixed_ms: float = _s(3.0, "Simulated engine: fixed cost per step (ms).", ge=0)
     sim_prefill_frame_ms: float = _s(0.02, "Simulated engine: cost per 10 ms audio frame (ms).",
                                      ge=0)

@@ -10,9 +10,10 @@ the re-feed is scheduled in capped chunks like any audio. The buffer keeps
 only what a rewind or a future event can still reach.
 
 A re-decoding engine (Whisper) is fed the same way; its stream keeps the
-utterance's audio and decodes all of it each step, so the session's candidate
-also says how much audio the utterance already holds (``context_samples``), the
-part of a step's cost that the new audio does not show.
+utterance's audio and re-decodes a bounded window of it each step (the whole
+utterance once, for its final), so the session's candidate also says how much
+audio that decode holds besides the new audio (``context_samples``), the part of
+a step's cost that the new audio does not show.
 
 No I/O here: the worker drives ``receive``/``take``/``after_chunk``/``settle``
 between engine steps and sends the events these return.
@@ -226,7 +227,14 @@ class RealtimeSession:
     def candidate(self) -> Candidate:
         pending = max(0, self.decode_limit - self.cursor)
         return Candidate(self.session_id, pending, self._oldest_pending_at(),
-                         self.cursor - self._origin)
+                         self._context_samples(pending))
+
+    def _context_samples(self, pending: int) -> int:
+        """What a re-decoding engine decodes besides the pending audio: the step that
+        reaches a cut decodes the whole utterance (its final), any other step a window."""
+        if self._cuts and self.cursor + pending >= self._cuts[0].segment.end:
+            return self.cursor - self._origin
+        return min(self.cursor - self._origin, self.stream.context_samples())
 
     def _oldest_pending_at(self) -> float:
         """Paced arrival time of the sample at the cursor.

@@ -234,7 +234,9 @@ def test_a_doubtful_final_decode_keeps_the_words_two_decodes_agreed_on(
     stream = whisper.open_stream()
     assert isinstance(stream, WhisperStream)
     try:
-        stream.append(bytes(3 * 16000 * 2))  # 3 s: both words are behind the horizon
+        # 1.8 s: two words behind the horizon, none old enough to be committed unagreed
+        stream.append(bytes(int(1.8 * 16000) * 2))
+        stream.gate.voiced_end = len(stream.audio) // 2  # as if voiced to the end
         words = [Word("Hello", 0.2, 0.5), Word("big", 0.6, 0.8), Word("world.", 0.9, 1.3)]
         heard = Decoded([1, 2, 3], words, [[1], [2], [3]], "en", no_speech=False)
         stream.take(heard)
