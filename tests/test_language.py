@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from conftest import read_pcm, synthesize
 from openai import OpenAI
-from phrases import recall
+from phrases import recall, spoken
 from stack import Stack, start_stack
 from wsrun import Run
 
@@ -171,6 +171,21 @@ def test_openai_sdk_translations_come_back_in_english(stack: Stack, to_translate
         if fmt != "text":
             assert "-->" in result, result
             assert result.startswith("1\n") == (fmt == "srt"), result
+
+
+def test_a_long_translation_is_a_batch_job_and_still_english(
+        stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Over ``sync_max_seconds`` (30 s): the task rides the job hash to the batch worker."""
+    long_wav = synthesize(spoken(*[TO_TRANSLATE] * 8),
+                          tmp_path_factory.mktemp("es-long") / "es.wav", voice="es")
+    with OpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0) as sdk, \
+            long_wav.open("rb") as audio:
+        raw = sdk.audio.translations.with_raw_response.create(model="whisper-1", file=audio)
+    assert raw.headers["X-Lanegate-Lane"] == "batch"
+    text = raw.parse().text
+    words = re.findall(r"[a-z]+", text.lower())
+    assert words.count("coffee") >= 4, text  # most of the eight sentences, in English
+    assert "gusta" not in words, text
 
 
 def test_the_same_audio_transcribed_stays_spanish(stack: Stack, to_translate_wav: Path) -> None:
