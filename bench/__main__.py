@@ -5,6 +5,9 @@ and the plots from a results file without running anything.
 
 ``python -m bench soak --duration-s 3600``: the soak (``bench.soak``), memory over an hour.
 
+``python -m bench gpu``: the GPU run (``bench.gpu``), Whisper base on CUDA float16 in under
+10 minutes; ``--toy`` runs it at toy sizes on the CPU.
+
 ``python -m bench whisper --parts all --out bench/results/whisper``: the Whisper benchmark
 (``bench.whisper_bench``); ``python -m bench whisper-report .../whisper.json`` puts its
 BENCHMARKS.md section back after ``report`` rewrote the file.
@@ -19,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import plots, report, sections, soak, whisper_bench, whisper_report
+from bench import gpu, plots, report, sections, soak, whisper_bench, whisper_report
 from bench.run import ALL_SCENARIOS, ENGINE_DEFAULTS, ENGINES, Options, run
 from bench.whisper_bench import PARTS as WHISPER_PARTS
 from bench.whisper_bench import WhisperOptions
@@ -94,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speech for the live streams instead of espeak-ng sentences")
     add_whisper_parsers(sub)
     add_soak_parser(sub)
+    add_gpu_parser(sub)
     rep = sub.add_parser("report", help="re-render BENCHMARKS.md and plots from results.json")
     rep.add_argument("results", type=Path)
     rep.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
@@ -148,6 +152,37 @@ def add_soak_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
 
 
+def add_gpu_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    g = sub.add_parser("gpu", help="Whisper base on one GPU: cost by batch and frames, "
+                                   "live streams held, a 25 s flood capped and uncapped")
+    d = gpu.GpuOptions()
+    g.add_argument("--toy", action="store_true",
+                   help="every part at toy sizes on the CPU (CI's check of the script)")
+    for name in ("out", "workdir", "wav"):
+        g.add_argument("--" + name, type=Path, default=getattr(d, name))
+    toy = gpu.GpuOptions.toy_sizes()
+    for name in ("device", "compute_type", "model"):
+        g.add_argument("--" + name.replace("_", "-"), default=None,
+                       help=f"default: {getattr(d, name)} ({getattr(toy, name)} with --toy)")
+    g.add_argument("--budget-s", type=float, default=d.budget_s,
+                   help="the capacity part steps no further past this (the run stays "
+                        "under 10 minutes)")
+    g.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
+
+
+def gpu_main(args: argparse.Namespace) -> int:
+    given = {k: v for k, v in vars(args).items()
+             if k in ("out", "workdir", "wav", "device", "compute_type", "model", "budget_s")
+             and v is not None}
+    o = gpu.GpuOptions.toy_sizes(**given) if args.toy else gpu.GpuOptions(**given)
+    doc = gpu.run(o)
+    gpu.write_section(doc, args.markdown)
+    print(f"wrote {args.markdown}")
+    cap = doc["results"].get("capacity", {})
+    print(f"streams held at p99 <= {cap.get('limit_ms')} ms: {cap.get('streams_held')}")
+    return 0
+
+
 def soak_main(args: argparse.Namespace) -> int:
     fields = {k: v for k, v in vars(args).items() if k not in ("command", "markdown")}
     doc = soak.run(soak.SoakOptions(**fields), args.markdown)
@@ -199,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         return whisper_main(args)
     if args.command == "soak":
         return soak_main(args)
+    if args.command == "gpu":
+        return gpu_main(args)
     if args.command == "report":
         doc = report.upgrade(json.loads(args.results.read_text()))
         if args.unstable_margin is not None:

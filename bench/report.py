@@ -686,8 +686,8 @@ def batch_lines(doc: dict[str, Any]) -> list[str]:
                    f"wall s**.")
     inter = r.get("interference")
     if inter:
-        out.append(f"- Same chip, service aside (once, before the rounds): the realtime "
-                   f"engine (100 ms chunks) on CPU {inter['rt_alone']['cpus']} takes "
+        out.append(f"- Same chip, service aside (once, before the rounds): pocketsphinx's "
+                   f"stream decoder (100 ms chunks) on CPU {inter['rt_alone']['cpus']} takes "
                    f"{inter['rt_alone']['wall_s_per_audio_s']} s per audio s with the other "
                    f"CPU idle and {inter['rt_with_batch_busy']['wall_s_per_audio_s']} s "
                    f"while the batch engine decodes on the other CPU (x{inter['slowdown']}); "
@@ -891,7 +891,9 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         "",
         *trade_section(doc),
         f"Machine: {m['nproc']} × {m['cpu_model']}, {m['mem_gib']} GiB, Linux {m['kernel']}, "
-        f"Python {m['python']}, pocketsphinx {pk.get('pocketsphinx')}, aiohttp "
+        f"Python {m['python']}, pocketsphinx {pk.get('pocketsphinx')}, "
+        + (f"faster-whisper {pk.get('faster-whisper')}, ctranslate2 {pk.get('ctranslate2')}, "
+           if pk.get("faster-whisper") else "") + f"aiohttp "
         f"{pk.get('aiohttp')}, {m['redis_server'].split(' sha')[0]}. Run {m['date_utc']}, "
         f"commit `{m['git_commit'][:10]}`, load average at start {m['load_avg_at_start'][0]:.2f}, "
         f"whole run {r.get('run_wall_s')} s.",

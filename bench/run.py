@@ -334,7 +334,7 @@ class Bench:
         async with self.stack(lane_plan(design, self.o)) as stack:
             self.record(stack)
             if self.o.engine == "whisper":
-                pcm = audio.read_wav(self.live_pcm())[: audio.RATE * 2 * 3]
+                pcm = self.live_pcm().read_bytes()[: audio.RATE * 2 * 3]
                 url = stream_url(stack.url)
                 await asyncio.gather(*(accuracy.stream_text(url, pcm, 2.0)
                                        for _ in stack.plan.workers))

@@ -1,4 +1,5 @@
-"""The sections of BENCHMARKS.md that one command owns (the Whisper benchmark, the soak),
+"""The sections of BENCHMARKS.md that one command owns (the Whisper benchmark, the soak,
+the GPU run),
 each between its own markers: that command puts its section in place, and a re-render
 of the rest of the file (``python -m bench report``) carries them over."""
 
@@ -33,7 +34,8 @@ class Section:
 
 WHISPER = Section("<!-- whisper-bench:begin -->", "<!-- whisper-bench:end -->")
 SOAK = Section("<!-- soak:begin -->", "<!-- soak:end -->")
-OWNED = (WHISPER, SOAK)
+GPU = Section("<!-- gpu-bench:begin -->", "<!-- gpu-bench:end -->")
+OWNED = (WHISPER, SOAK, GPU)
 
 
 def kept(text: str) -> str:
