@@ -24,8 +24,11 @@ are spread over the audio they cover, as the engines time words only in finals),
 ``SpeechStarted`` (``vad_events``) and ``UtteranceEnd`` (``utterance_end_ms`` of audio
 after the last final word with no new speech).
 
-**KeepAlive** resets this adapter's own idle timer (``keepalive_deadline``); the
-session keeps its decoder slot while it is silent.
+**KeepAlive** resets this adapter's own idle timer (``keepalive_deadline``, the
+relay's ``deadline``) and ``Relay.touch``es every channel. A silent channel gives its
+decoder slot back after ``realtime_park_after_s`` (the relay parks: ``park=True``,
+``gateway/relay.py``) and takes one again at its next audio or ``Finalize``, so a
+stretch of KeepAlive only holds no slot.
 
 **Prerecorded.** The body is the audio, decoded by the upload path; the answer is
 Deepgram's response (``lanegate/deepgram_response.py``), from the realtime lane or a
@@ -158,16 +161,9 @@ class ChannelRelay(Relay):
     async def _pump_client(self) -> Outcome:
         return await asyncio.shield(self.stream.input_over)
 
-    async def _watch_idle(self) -> Failure:
-        while True:
-            if self.ended:  # waiting for the last finals
-                await asyncio.get_running_loop().create_future()
-            deadline, failure = keepalive_deadline(self.settings, self.started, self.timeline,
-                                                   self.stream.keepalive_at)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return failure
-            await asyncio.sleep(left)
+    def deadline(self) -> tuple[float, Failure]:
+        return keepalive_deadline(self.settings, self.started, self.timeline,
+                                  self.stream.keepalive_at)
 
     async def conclude(self, outcome: Outcome) -> None:
         """Nothing here: the session tells the client once every channel is over."""
@@ -297,7 +293,7 @@ class DeepgramSession(StreamSession):
             self.relays.append(ChannelRelay(
                 self, worker, index, session_id=self._channel_id(index),
                 sample_rate=sample_rate, settings=settings, started=self.started,
-                reopen=self._reopen(index)))
+                reopen=self._reopen(index), park=True))
         self.relay = self.relays[0]
         self.lane, self.log = self.relay.lane, self.relay.log
         self.log.info("stream_start", sample_rate=sample_rate, language=language,
@@ -459,6 +455,8 @@ class DeepgramSession(StreamSession):
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "KeepAlive":
             self.keepalive_at = time.monotonic()
+            for relay in self.relays:
+                relay.touch()
         elif kind == "Finalize":
             for relay in self.relays:
                 if not relay.ended:

@@ -247,8 +247,9 @@ class Settings:
         gt=0, le=3600
     )
     realtime_idle_timeout_s: float = _s(
-        600.0, "An OpenAI Realtime or Deepgram live session with no audio and no client "
-        "event (a Realtime event, a Deepgram KeepAlive) for this long is closed `timeout`.",
+        600.0, "An OpenAI Realtime API session with no audio and no client event for this "
+        "long is closed `timeout` (a Deepgram live stream keeps Deepgram's rule: "
+        "IDLE_TIMEOUT_S without audio or KeepAlive).",
         gt=0, le=86400
     )
     realtime_max_session_s: float = _s(
