@@ -23,8 +23,10 @@ gives the slot back (*parks*); the client's socket and its per-key lease stay. T
 next audio (or commit, or end) opens the session again, the way a failover does,
 and goes on from there: segment numbers and times continue where they were. The
 session is closed only after ``realtime_idle_timeout_s`` without audio or a client
-event (``touch``: a Deepgram KeepAlive, any Realtime event) or at
-``realtime_max_session_s``. When no slot is free at that next audio, the session
+event (``touch``: any Realtime API event) or at ``realtime_max_session_s``
+(``parked_deadline``; an adapter may override ``deadline``: Deepgram's keeps
+Deepgram's rule, no audio or ``KeepAlive`` for ``idle_timeout_s``, and touches its
+relays at each ``KeepAlive``). When no slot is free at that next audio, the session
 ends ``overloaded``, as a new one would be refused.
 
 Latency metrics use the gateway's own clock: a compact timeline of (cumulative
@@ -321,9 +323,10 @@ class Relay:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def touch(self) -> None:
-        """The client is there without audio (a Deepgram ``KeepAlive``, a Realtime API
-        event): a relay that parks is closed only ``realtime_idle_timeout_s`` after the
-        last audio or touch. Its slot still goes back after ``realtime_park_after_s``."""
+        """The client is there without audio (a Realtime API event, a Deepgram
+        ``KeepAlive``): with ``parked_deadline`` a relay that parks is closed only
+        ``realtime_idle_timeout_s`` after the last audio or touch. Its slot still goes
+        back after ``realtime_park_after_s`` without audio."""
         self._touched = time.monotonic()
 
     @property
