@@ -509,6 +509,11 @@ def run_up(settings: Settings, out: Callable[[str], None] = _print_flushed) -> i
         print(f"lanegate up: port {settings.port} on {settings.host} is already in use; "
               "choose another with --port", file=sys.stderr)
         return 1
+    if closed_reason(settings) is None and port_in_use(settings.host, settings.wyoming_port):
+        # often another Wyoming server (wyoming-faster-whisper): HTTP comes up anyway
+        print(f"lanegate up: port {settings.wyoming_port} on {settings.host} is already in "
+              "use, so Wyoming is off; choose another with --wyoming-port", file=sys.stderr)
+        settings = settings.replace(wyoming_port=0)
     children, settings = build_children(settings)
     base = gateway_base(settings)
     supervisor = Supervisor(
