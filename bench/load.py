@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.wsclient import OP_TEXT, RawWebSocket, WebSocketError
+from bench.wsclient import OP_TEXT, StreamSocket, WebSocketError, connect
 from lanegate.loops import run
 
 RATE = 16000
@@ -65,7 +65,7 @@ class Session:
     """One WebSocket session: frames sent with their times, events timed on arrival."""
 
     def __init__(self, result: StreamResult, t0: float) -> None:
-        self.ws: RawWebSocket | None = None
+        self.ws: StreamSocket | None = None
         self.result = result
         self.t0 = t0
         self.frame_end_ms: list[int] = []
@@ -136,8 +136,8 @@ class Session:
         if sent is not None:
             self.result.final_ms.append((now - sent) * 1000)
 
-    def on_message(self, opcode: int, payload: bytes) -> None:
-        """Called by the connection for each message, as it is parsed."""
+    def on_message(self, opcode: int, payload: str | bytes) -> None:
+        """Called by the connection for each message, as it arrives."""
         if opcode != OP_TEXT:
             return
         now = time.perf_counter()
@@ -164,8 +164,7 @@ async def open_session(spec: StreamSpec, result: StreamResult, t0: float) -> Ses
     """Connect and read the first message (`ready` from the gateway, `accepted` from a worker)."""
     session = Session(result, t0)
     try:
-        ws = await RawWebSocket.connect(session_url(spec.url), session.on_message,
-                                        timeout_s=30)
+        ws = await connect(session_url(spec.url), session.on_message, timeout_s=30)
     except (OSError, WebSocketError, TimeoutError) as exc:
         result.error = f"connect: {type(exc).__name__}"
         return None

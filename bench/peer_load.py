@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.wsclient import OP_TEXT, RawWebSocket, WebSocketError
+from bench.wsclient import OP_TEXT, WebSocketError, connect
 from lanegate.loops import run
 
 RATE = 16000
@@ -68,7 +68,7 @@ class PeerStream:
         self.covered_s = 0.0
         self.last_message = time.perf_counter()
 
-    def on_message(self, opcode: int, payload: bytes) -> None:
+    def on_message(self, opcode: int, payload: str | bytes) -> None:
         if opcode != OP_TEXT:
             return
         now = time.perf_counter()
@@ -111,7 +111,7 @@ async def run_stream(spec: PeerSpec, pcm: bytes, t0: float) -> PeerResult:
     await asyncio.sleep(max(0.0, t0 + spec.start_s - time.perf_counter()))
     stream = PeerStream(result, t0)
     try:
-        ws = await RawWebSocket.connect(spec.url, stream.on_message, timeout_s=30)
+        ws = await connect(spec.url, stream.on_message, timeout_s=30)
     except (OSError, WebSocketError, TimeoutError) as exc:
         result.error = f"connect: {type(exc).__name__}"
         return result

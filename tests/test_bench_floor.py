@@ -86,12 +86,20 @@ async def test_the_protocol_floor_answers_a_ping_and_a_close(protocol_floor_url:
 
 
 def test_a_frame_is_taken_only_once_whole_and_is_unmasked() -> None:
-    masked = bytes([0x82, 0x80 | 3, 1, 2, 3, 4, 0x61 ^ 1, 0x62 ^ 2, 0x63 ^ 3])
+    masked = bytes([0x81, 0x80 | 5, 1, 2, 3, 4, 0x61 ^ 1, 0x62 ^ 2, 0x63 ^ 3, 0x64 ^ 4,
+                    0x65 ^ 1])
     buf = bytearray(masked[:5])
     assert next_frame(buf) is None  # incomplete: left in place
-    buf += masked[5:] + b"\x81"  # the rest, and the first byte of the next frame
-    assert next_frame(buf) == (0x2, bytearray(b"abc"))
-    assert buf == bytearray(b"\x81")
+    buf += masked[5:] + b"\x82"  # the rest, and the first byte of the next frame
+    assert next_frame(buf) == (0x1, bytearray(b"abcde"))
+    assert buf == bytearray(b"\x82")
+
+
+def test_binary_audio_is_taken_whole_and_only_its_length_read() -> None:
+    audio = bytes([0x82, 0x80 | 3, 1, 2, 3, 4, 9, 9, 9])
+    buf = bytearray(audio)
+    opcode, payload = next_frame(buf) or (0, bytearray())
+    assert (opcode, len(payload), buf) == (0x2, 3, bytearray())
 
 
 def test_a_long_frame_reads_its_extended_length() -> None:

@@ -72,3 +72,28 @@ def test_a_planted_upward_import_is_caught(package: str, source: str) -> None:
 def test_downward_and_foreign_imports_pass() -> None:
     source = "import json\nfrom lanegate.settings import Settings\nfrom engines import base\n"
     assert violations("lanes", source) == []
+
+
+OURS = frozenset(FLOORS) | {"bench"}
+
+
+def private_imports(source: str) -> list[str]:
+    """The modules ``source`` imports from another distribution's private parts
+    (a dotted name with a component that starts with ``_``)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return [n for n in names if n.split(".")[0] not in OURS
+            and any(part.startswith("_") and part != "__future__" for part in n.split("."))]
+
+
+@pytest.mark.parametrize("package", sorted(OURS))
+def test_no_module_imports_a_library_private_module(package: str) -> None:
+    """A private module of a dependency (``aiohttp._websocket``) may change in any
+    release; the product and the bench use public names only (issue 34)."""
+    found = {str(path.relative_to(ROOT)): bad for path in sorted((ROOT / package).rglob("*.py"))
+             if (bad := private_imports(path.read_text()))}
+    assert found == {}
