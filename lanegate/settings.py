@@ -253,9 +253,9 @@ class Settings:
         gt=0, le=86400
     )
     realtime_max_session_s: float = _s(
-        1800.0, "Longest an OpenAI Realtime or Deepgram live session may stay open, in "
-        "wall-clock time (OpenAI's own limit is 30 minutes); then it is closed `timeout` "
-        "after its last finals.", gt=0, le=86400
+        1800.0, "Longest an OpenAI Realtime API session may stay open, in wall-clock time "
+        "(OpenAI's own limit is 30 minutes); then it is closed `timeout` after its last "
+        "finals.", gt=0, le=86400
     )
     max_sessions_per_key: int = _s(
         16, "Concurrent realtime sessions (streams and short uploads) per API key; with auth "
