@@ -62,6 +62,8 @@ log = get_logger("gateway.wyoming")
 PROTOCOL = "wyoming"
 #: the ``version`` field of what the gateway writes (the Wyoming release it speaks)
 VERSION = "1.10.0"
+#: how long a connection whose framing failed drains the client's bytes before closing
+LINGER_S = 1.0
 #: Whisper's languages (its tokenizer's); the ``info`` event lists them
 WHISPER_LANGUAGES = (
     "en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl", "ar", "sv",
@@ -211,10 +213,23 @@ class Connection:
         finally:
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)
+            if self.broken:
+                await self._linger()
             self.writer.close()
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self.writer.wait_closed()
             self.finished.set()
+
+    async def _linger(self) -> None:
+        """After a framing error: end our side, then read (and drop) what the client still
+        sends for a moment, so that closing with unread bytes does not reset the
+        connection before the client has read its ``error``."""
+        with contextlib.suppress(ConnectionError, RuntimeError, OSError, TimeoutError):
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+            async with asyncio.timeout(LINGER_S):
+                while await self.reader.read(65536):
+                    pass
 
     async def _read_loop(self) -> None:
         while True:

@@ -6,6 +6,7 @@ closed while API keys are set."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import urllib.request
@@ -147,21 +148,30 @@ async def test_a_wrong_payload_length_gets_an_error_and_takes_nothing_from_other
         await wy.write_event(AudioStop().event())
         await wy.write_event(Describe().event())
         assert [e.type for e in await until(wy, "info")] == ["info"]
-    # a header whose payload_length is over max_frame_bytes, or not a number: the
-    # framing is lost, so an error and the connection closes
-    for length in (Settings().max_frame_bytes + 1, "12", -1):
-        reader, writer = await asyncio.open_connection("127.0.0.1", wyoming_port)
-        header = {"type": "audio-chunk", "data": {"rate": RATE, "width": 2, "channels": 1},
-                  "payload_length": length}
-        writer.write(json.dumps(header).encode() + b"\n" + bytes(64))
-        await writer.drain()
-        event = await asyncio.wait_for(async_read_event(reader), EVENT_WAIT_S)
-        assert event is not None
-        assert event.type == "error", event
-        assert event.data["code"] == ("too_large" if length != "12" and length != -1
-                                      else "bad_request"), event
-        assert await asyncio.wait_for(reader.read(), EVENT_WAIT_S) == b""  # closed
-        writer.close()
+    # a header whose payload_length is over max_frame_bytes or not a number, data over
+    # wyoming_max_event_bytes, a header line over it: the framing is lost, so an error
+    # and the connection closes
+    fmt = {"rate": RATE, "width": 2, "channels": 1}
+    limits = Settings()
+    lying = {
+        "too_large": [{"type": "audio-chunk", "data": fmt,
+                       "payload_length": limits.max_frame_bytes + 1},
+                      {"type": "transcribe", "data_length": limits.wyoming_max_event_bytes + 1},
+                      {"type": "describe", "data": {"pad": "x" * limits.wyoming_max_event_bytes}}],
+        "bad_request": [{"type": "audio-chunk", "data": fmt, "payload_length": "12"},
+                        {"type": "audio-chunk", "data": fmt, "payload_length": -1}],
+    }
+    for code, headers in lying.items():
+        for header in headers:
+            reader, writer = await asyncio.open_connection("127.0.0.1", wyoming_port)
+            writer.write(json.dumps(header).encode() + b"\n" + bytes(64))
+            await writer.drain()
+            event = await asyncio.wait_for(async_read_event(reader), EVENT_WAIT_S)
+            assert event is not None
+            assert (event.type, event.data["code"]) == ("error", code), (header.keys(), event)
+            with contextlib.suppress(ConnectionResetError):  # closed, either way
+                assert await asyncio.wait_for(reader.read(), EVENT_WAIT_S) == b""
+            writer.close()
     events = await healthy
     assert events[-1].type == "transcript-stop", [e.type for e in events]
     text = Transcript.from_event(events[-2]).text
