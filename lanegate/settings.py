@@ -363,7 +363,8 @@ class Settings:
     )
     status_sample_s: float = _s(
         2.0, "The status page polls this often; the gateway samples its sources (its own "
-        "metrics, each worker's /metrics, the registry, the queue) at most this often.", gt=0
+        "metrics, each worker's /metrics, the registry, the queue) at most this often. 0: "
+        "every read samples afresh.", ge=0
     )
     status_history: int = _s(150, "Samples kept for the status page's charts.", ge=1)
     status_red_line_ms: float = _s(
