@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import socket
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -221,3 +222,25 @@ def test_the_banner_says_how_to_add_it_in_home_assistant() -> None:
             "host 127.0.0.1, port 10300") in served
     assert "tcp://" not in banner(Settings(api_keys="k"), queued="none")
     assert "wyoming    off" in banner(Settings(wyoming_port=0), queued="none")
+
+
+async def test_a_gateway_stopping_mid_transcription_sends_the_transcript_then_closes(
+        tmp_path: Path, pcm: bytes) -> None:
+    """SIGTERM while the audio flows: the transcription's audio ends, its last finals come
+    as chunks, then ``transcript`` and ``transcript-stop``, then the connection closes
+    (pocketsphinx: its words do not matter here, only the events)."""
+    port = free_port()
+    stack = await asyncio.to_thread(start_stack, tmp_path, batch=False,
+                                    settings={"LANEGATE_WYOMING_PORT": str(port)})
+    try:
+        async with client(port) as wy:
+            await send_audio(wy, pcm)
+            await wy.write_event(Describe().event())  # the session is open by now
+            await until(wy, "info")
+            stack.procs["gateway"].signal(signal.SIGTERM)
+            events = await until(wy, "transcript-stop", "error")
+            assert [e.type for e in events][-2:] == ["transcript", "transcript-stop"], events
+            assert Transcript.from_event(events[-2]).text, events
+            assert await wy.read_event() is None  # closed after it
+    finally:
+        await asyncio.to_thread(stack.stop)
