@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,24 +20,15 @@ import time
 from pathlib import Path
 
 from bench.load import RATE
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from lanegate.supervisor import free_port, port_in_use
 
 
 def wait_listening(port: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    while not port_in_use("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench.floor is not listening on port {port}")
+        time.sleep(0.1)
 
 
 def measure(streams: int, seconds: float) -> dict[str, float]:
