@@ -39,6 +39,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from importlib.metadata import version as _version
 from pathlib import PurePath
 from typing import Any
 
@@ -62,6 +63,8 @@ log = get_logger("gateway.wyoming")
 PROTOCOL = "wyoming"
 #: the ``version`` field of what the gateway writes (the Wyoming release it speaks)
 VERSION = "1.10.0"
+#: the ASR program's version in ``info``: lanegate's own
+PROGRAM_VERSION = _version("lanegate")
 #: how long a connection whose framing failed drains the client's bytes before closing
 LINGER_S = 1.0
 #: Whisper's languages (its tokenizer's); the ``info`` event lists them
@@ -163,7 +166,7 @@ def info_event(settings: Settings) -> dict[str, Any]:
     attribution = {"name": "lanegate", "url": "https://pypi.org/project/lanegate/"}
     return {"type": "info", "data": {"asr": [{
         "name": "lanegate", "description": "lanegate's realtime lane", "installed": True,
-        "attribution": attribution, "version": VERSION,
+        "attribution": attribution, "version": PROGRAM_VERSION,
         "supports_transcript_streaming": True,
         "models": [{"name": model, "description": f"{settings.engine} {model}",
                     "installed": True, "attribution": attribution, "version": None,
