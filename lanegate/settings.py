@@ -612,15 +612,18 @@ class Appendfsync(enum.StrEnum):
 _FIELDS = {f.name: f for f in fields(Settings)}
 
 
-def check_value(name: str, value: Any, label: str | None = None) -> None:
+def check_value(name: str, value: Any, flag: str | None = None) -> None:
     """Raise :class:`SettingsError` if ``value`` is outside the range of setting ``name``.
 
-    The message is one line naming ``label`` (default: the environment variable).
+    The message is one line naming the environment variable, or the ``flag`` the value
+    came from and then the variable.
     """
     rng = value_range(_FIELDS[name])
     problem = rng.problem(value) if rng is not None else None
     if problem is not None:
-        raise SettingsError(f"{label or ENV_PREFIX + name.upper()}={value!r}: {problem}")
+        env = ENV_PREFIX + name.upper()
+        where = f"{env}={value!r}" if flag is None else f"{flag}={value!r} ({env})"
+        raise SettingsError(f"{where}: {problem}")
 
 
 def _as_enum(name: str, kind: type[Enum], value: Any) -> Enum:
@@ -696,7 +699,7 @@ def from_args(args: argparse.Namespace) -> Settings:
     overrides = {n: getattr(args, n) for n in setting_names() if hasattr(args, n)}
     for name, value in overrides.items():
         if value is not None and not isinstance(_FIELDS[name].default, Enum):
-            check_value(name, value, "--" + name.replace("_", "-"))
+            check_value(name, value, flag="--" + name.replace("_", "-"))
     return Settings.from_env(**overrides)
 
 

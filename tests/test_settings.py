@@ -120,7 +120,8 @@ def test_the_readme_table_states_each_range() -> None:
 def test_a_bad_flag_is_refused_naming_the_flag() -> None:
     parser = argparse.ArgumentParser()
     add_cli_flags(parser)
-    with pytest.raises(SettingsError, match=r"^--port=99999: must be from 1 to 65535"):
+    with pytest.raises(SettingsError,
+                       match=r"^--port=99999 \(LANEGATE_PORT\): must be from 1 to 65535"):
         from_args(parser.parse_args(["--port", "99999"]))
 
 
