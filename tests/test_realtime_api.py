@@ -614,6 +614,27 @@ async def test_a_silent_session_gives_its_slot_back_and_resumes_at_its_next_audi
         assert of(after, STARTED)[0].audio_start_ms >= (len(first) // 2 + rate) * 1000 // rate
 
 
+async def test_a_session_whose_audio_stops_mid_speech_gets_its_transcript_and_parks(
+        http: aiohttp.ClientSession, stack: Stack, speech: Callable[..., Path]) -> None:
+    """No more audio in the middle of a word: the VAD's segment stays open, so the
+    session keeps its slot for ``idle_timeout_s`` (5 s here) in case the speech goes
+    on, then parks all the same: the open turn is stopped and completed, the slot goes
+    back, and the next audio resumes the session."""
+    rate = 24000
+    pcm, _ = read_pcm(speech(TRAFFIC, rate=rate))
+    cut = pcm[:len(pcm) - rate * 2 * 6 // 10]  # espeak ends in 450 ms of silence: mid-word
+    client = AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="alpha")
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        await configured(conn, rate, SERVER_VAD)
+        events = await say(conn, cut, rate)  # returns at the turn's completed
+        await wait_all_slots_free(stack)
+        after = await say(conn, pcm + silence(1000, rate), rate)
+    kinds = [e.type for e in events if e.type.startswith("input_audio_buffer.speech")]
+    assert kinds == [STARTED, "input_audio_buffer.speech_stopped"], kinds
+    assert recall(TRAFFIC, of(events, COMPLETED)[0].transcript) >= SENTENCE_RECALL
+    assert recall(TRAFFIC, of(after, COMPLETED)[0].transcript) >= SENTENCE_RECALL
+
+
 async def test_a_parked_session_without_a_free_slot_at_its_next_audio_is_overloaded(
         http: aiohttp.ClientSession, stack: Stack) -> None:
     raw = await opened(http, stack, "alpha")
