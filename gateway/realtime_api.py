@@ -35,6 +35,7 @@ from gateway.relay import Ending, Failure, Outcome, Relay
 from gateway.state import SETTINGS
 from gateway.stream import FRAME_HARD_CAP, StreamSession, run_socket
 from gateway.workers_client import WorkerSession
+from lanegate import metrics
 
 #: OpenAI refuses to commit less audio than this (``input_audio_buffer_commit_empty``)
 MIN_COMMIT_MS = 100
@@ -73,6 +74,7 @@ class RealtimeSession(StreamSession):
         # the beta API's clients send this header and expect its shape
         self.beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
         self.worker: WorkerSession | None = None
+        self.parked = False  # no worker session, before the first audio
 
     # --- StreamSession's seams -------------------------------------------------------
     def params(self) -> tuple[int, str] | Failure:
@@ -115,6 +117,7 @@ class RealtimeSession(StreamSession):
             await relay.run_from(first)
         finally:
             self.log_end()
+            self._parked(False)
             if self.worker is not None:
                 await self.worker.close()
             if self.relay is not None:  # after a failover or a resume: another one
@@ -178,11 +181,20 @@ class RealtimeSession(StreamSession):
         assert self.worker is not None
         await self.worker.close()
         self.worker = None
+        self._parked(True)
         self.log.info("stream_parked", audio_s=0.0)
+
+    def _parked(self, parked: bool) -> None:
+        """Count the session in ``lanegate_parked_sessions`` while it waits without a
+        worker session before its first audio."""
+        if parked != self.parked:
+            self.parked = parked
+            metrics.PARKED_SESSIONS.labels(lane=self.lane).inc(1 if parked else -1)
 
     async def _reopen_worker(self) -> bool:
         """A worker session again, under a new id (the worker may not have dropped the
         old one yet); False once the client has been refused."""
+        self._parked(False)
         self.reopens += 1
         self.worker_session_id = f"{self.session_id}-{self.reopens}"
         config = self.config

@@ -484,11 +484,16 @@ class Relay:
         self.parks += 1
         parked = time.monotonic()
         self.log.info("stream_parked", audio_s=round(self.timeline.audio_ms / 1000, 3))
-        while not self._held:
-            if self.ended:
-                return Ending.DONE
-            self._wanted.clear()
-            await self._wanted.wait()
+        gauge = metrics.PARKED_SESSIONS.labels(lane=self.lane)
+        gauge.inc()
+        try:
+            while not self._held:
+                if self.ended:
+                    return Ending.DONE
+                self._wanted.clear()
+                await self._wanted.wait()
+        finally:  # also when the session ends meanwhile (its tasks are cancelled)
+            gauge.dec()
         failure = await self._resume()
         if failure is None:
             self.log.info("stream_resumed", parked_s=round(time.monotonic() - parked, 3))

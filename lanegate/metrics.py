@@ -160,6 +160,11 @@ FAILOVERS = Counter(
     "lanegate_failovers_total",
     "Live streams moved off a lost worker (gateway side), by outcome.", ["lane", "outcome"],
 )
+PARKED_SESSIONS = Gauge(
+    "lanegate_parked_sessions",
+    "Live sessions (OpenAI Realtime API, Deepgram) open without a decoder slot: silent, "
+    "parked until their next audio (gateway side).", ["lane"],
+)
 
 
 # --- helpers ------------------------------------------------------------------------
@@ -173,6 +178,7 @@ def init_gateway_series(lanes: tuple[str, ...] = ("realtime", "batch")) -> None:
     for status in ("queued", "cancelled"):
         JOBS.labels(lane="batch", worker="", status=status)
     GATEWAY_WORKER_LINKS.labels(lane="realtime")
+    PARKED_SESSIONS.labels(lane="realtime")
     for outcome in FailoverOutcome:
         FAILOVERS.labels(lane="realtime", outcome=outcome.value)
     for ended in ("done", "client_gone", "overloaded"):

@@ -570,6 +570,22 @@ async def wait_all_slots_free(stack: Stack) -> None:
         await asyncio.sleep(0.2)
 
 
+def parked_sessions(stack: Stack) -> float:
+    """The gateway's ``lanegate_parked_sessions`` gauge."""
+    with urllib.request.urlopen(stack.url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("lanegate_parked_sessions{"))
+
+
+async def wait_parked(stack: Stack, n: int) -> None:
+    """Until the gateway counts ``n`` parked sessions, or fail."""
+    deadline = time.monotonic() + EVENT_WAIT_S
+    while (got := await asyncio.to_thread(parked_sessions, stack)) != n:
+        assert time.monotonic() < deadline, f"{got} parked sessions, not {n}"
+        await asyncio.sleep(0.2)
+
+
 async def hold_every_slot(http: aiohttp.ClientSession, stack: Stack,
                           keys: tuple[str, ...]) -> list[aiohttp.ClientWebSocketResponse]:
     """A ``/v1/stream`` of each key (such a stream does not park: it holds its slot
@@ -596,13 +612,16 @@ async def test_a_silent_session_gives_its_slot_back_and_resumes_at_its_next_audi
     async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
         await configured(conn, rate, turn_detection)
         await wait_all_slots_free(stack)  # no slot before its first audio either
+        await wait_parked(stack, 1)
         before = await say(conn, first + silence(1000, rate), rate, commit=commit)
         # silent now: after realtime_park_after_s its slot goes back, and other keys'
         # streams take every slot while it stays connected
         await wait_all_slots_free(stack)
+        await wait_parked(stack, 1)
         for ws in await hold_every_slot(http, stack, ("beta", "gamma", "delta")):
             await ws.close()
         after = await say(conn, second + silence(1000, rate), rate, commit=commit)
+    await wait_parked(stack, 0)
     done_before, done_after = of(before, COMPLETED)[0], of(after, COMPLETED)[0]
     assert recall(TRAFFIC, done_before.transcript) >= SENTENCE_RECALL, done_before.transcript
     assert recall(TALKING, done_after.transcript) >= SENTENCE_RECALL, done_after.transcript
