@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lanegate.gateway_url import DEFAULT_URL
+from lanegate.logs import guard_output
 from lanegate.loops import loop_factory
 from lanegate.settings import SettingsError, add_cli_flags, from_args, markdown_table
 
@@ -26,6 +27,9 @@ COMMANDS: dict[str, str] = {
     "transcribe": "lanegate.upload_client:main",
     "models": "engines.models:main",
 }
+#: the subcommands that run a service: a log reader that goes away or stops reading
+#: must not stop them (``lanegate.logs.guard_output``)
+SERVICES = frozenset({"up", "gateway", "worker"})
 
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
@@ -115,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         loop_factory(from_args(args).event_loop)  # a bad setting stops here, in one line
+        if args.command in SERVICES:
+            guard_output()
         return resolve(COMMANDS[args.command])(args)
     except SettingsError as exc:
         print(f"lanegate: {exc}", file=sys.stderr)

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-from lanegate.logs import configure_logging, get_logger
+from lanegate.logs import configure_logging, get_logger, guard_output
 
 log = get_logger("lanegate.deathwatch")
 
@@ -97,10 +97,12 @@ def stop_in_order(children: list[Watched], timeout_s: float) -> None:
 class DeathWatch:
     """The supervisor's end: starts the watcher and announces children to it."""
 
-    def __init__(self, stop_timeout_s: float) -> None:
+    def __init__(self, stop_timeout_s: float, keep_fds: tuple[int, ...] = ()) -> None:
+        """``keep_fds``: descriptors the watcher holds open until it exits (the data
+        directory's lock: held until the last child is stopped)."""
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "lanegate.deathwatch", repr(stop_timeout_s)],
-            stdin=subprocess.PIPE, text=True, start_new_session=True)
+            stdin=subprocess.PIPE, text=True, start_new_session=True, pass_fds=keep_fds)
 
     def announce(self, name: str, order: int, pid: int) -> None:
         started = start_time(pid)
@@ -127,6 +129,7 @@ class DeathWatch:
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the supervisor
+    guard_output()  # its stderr is the supervisor's: the log reader may be gone
     configure_logging(os.environ.get("LANEGATE_LOG_LEVEL", "info"), process="deathwatch")
     children = read_children(sys.stdin)
     if children is None:

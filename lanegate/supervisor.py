@@ -31,6 +31,11 @@ their sessions and hand their jobs back), then the gateway, then Redis: SIGTERM,
 then SIGKILL after ``stop_timeout_s``; exit 0. If the supervisor itself dies
 (SIGKILL), a ``DeathWatch`` process (``lanegate/deathwatch.py``) that it started
 first sees its pipe close and stops the children in the same order.
+
+``up`` holds a lock on its data directory for the stack's life (one stack per
+directory, one line refusing a second) and first stops what a killed stack left
+running there (``lanegate/stack_lock.py``). A log reader that goes away or stops
+reading stops no process (``lanegate.logs.guard_output``).
 """
 
 from __future__ import annotations
@@ -53,10 +58,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from lanegate.deathwatch import DeathWatch
+from lanegate.deathwatch import DeathWatch, stop_in_order
 from lanegate.logs import configure_logging, get_logger
 from lanegate.retry import jittered_s
 from lanegate.settings import Settings, from_args
+from lanegate.stack_lock import DataDirInUse, StackLock
 from lanegate.wyoming_access import closed_reason, home_assistant_steps, shown_host
 
 log = get_logger("lanegate.supervisor")
@@ -158,6 +164,9 @@ class Supervisor:
     stop_timeout_s: float = 15.0
     on_ready: Callable[[], None] = lambda: None
     stopping: bool = field(default=False, init=False)
+    #: ``lanegate up``'s lock on its data directory: the death watch holds it too, and
+    #: every child started is recorded in it
+    lock: StackLock | None = None
     _watch: DeathWatch | None = field(default=None, init=False)
 
     def request_stop(self, signum: int, frame: FrameType | None = None) -> None:
@@ -169,7 +178,8 @@ class Supervisor:
         """Start, wait until ready, supervise until stopped; the exit code."""
         old = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         # If this process dies (SIGKILL, OOM), the watch stops the children in order.
-        self._watch = DeathWatch(self.stop_timeout_s)
+        self._watch = DeathWatch(self.stop_timeout_s,
+                                 keep_fds=() if self.lock is None else (self.lock.fd,))
         for child in self.children:
             child.die_with_parent = False
         try:
@@ -196,6 +206,8 @@ class Supervisor:
     def _started(self, child: Child) -> None:
         if self._watch is not None and child.proc is not None:
             self._watch.announce(child.name, child.stop_order, child.proc.pid)
+        if self.lock is not None and child.proc is not None:
+            self.lock.record(child.name, child.stop_order, child.proc.pid)
 
     def start_all(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -505,6 +517,34 @@ def _print_flushed(text: str) -> None:
 
 
 def run_up(settings: Settings, out: Callable[[str], None] = _print_flushed) -> int:
+    """The data directory's lock first (``lanegate/stack_lock.py``), then the stack."""
+    try:
+        lock = StackLock.take(settings.data_path, gateway_base(settings))
+    except DataDirInUse as exc:
+        print(f"lanegate up: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"lanegate up: cannot lock the data directory {settings.data_path}: {exc}",
+              file=sys.stderr)
+        return 1
+    try:
+        return _run_locked(settings, lock, out)
+    finally:
+        lock.release()
+
+
+def stop_leftovers(lock: StackLock, timeout_s: float) -> None:
+    """Stop what a killed stack left running in the data directory, in its stop order."""
+    left = lock.leftovers()
+    if left:
+        log.warning("leftovers_stopping", children=sorted(c.name for c in left),
+                    message="a lanegate up on this data directory was killed with its death "
+                    "watch; stopping what it left running first")
+        stop_in_order(left, timeout_s)
+
+
+def _run_locked(settings: Settings, lock: StackLock, out: Callable[[str], None]) -> int:
+    stop_leftovers(lock, settings.stop_timeout_s)  # its gateway may hold the port
     if port_in_use(settings.host, settings.port):
         print(f"lanegate up: port {settings.port} on {settings.host} is already in use; "
               "choose another with --port", file=sys.stderr)
@@ -514,12 +554,14 @@ def run_up(settings: Settings, out: Callable[[str], None] = _print_flushed) -> i
         print(f"lanegate up: port {settings.wyoming_port} on {settings.host} is already in "
               "use, so Wyoming is off; choose another with --wyoming-port", file=sys.stderr)
         settings = settings.replace(wyoming_port=0)
+    log.info("up", lanes=settings.lanes, port=settings.port, data_dir=settings.data_path,
+             embedded_redis=not settings.redis_url)
     children, settings = build_children(settings)
     base = gateway_base(settings)
     supervisor = Supervisor(
         children, ready=http_ready(base + "/readyz"),
         start_timeout_s=settings.start_timeout_s, stop_timeout_s=settings.stop_timeout_s,
-        on_ready=lambda: out(banner(settings, queued_jobs(base))),
+        on_ready=lambda: out(banner(settings, queued_jobs(base))), lock=lock,
     )
     code = supervisor.run()
     if code == 0:
@@ -531,6 +573,4 @@ def main(args: argparse.Namespace) -> int:
     """``lanegate up``."""
     settings = from_args(args)
     configure_logging(settings.log_level, settings.log_format, process="supervisor")
-    log.info("up", lanes=settings.lanes, port=settings.port, data_dir=settings.data_path,
-             embedded_redis=not settings.redis_url)
     return run_up(settings)
