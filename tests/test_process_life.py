@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from conftest import free_port
+from conftest import RedisServer, free_port
 from phrases import RAIN
 from stack import REPO
 
@@ -71,11 +71,7 @@ class Stack:
         return found
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.base + "/readyz", timeout=5) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return serves(self.base + "/readyz")
 
     def wait_ready(self, timeout_s: float = 120) -> dict[str, int]:
         """Until /readyz answers 200 and all four children run; the children."""
@@ -227,6 +223,52 @@ def test_a_full_log_pipe_blocks_no_process_from_stopping(
         code = None
     assert code == 0, "lanegate up did not stop on SIGTERM with its log output blocked"
     wait_gone(kids)
+
+
+@pytest.mark.parametrize("command", [("worker", "--lane", "realtime"),
+                                     ("worker", "--lane", "batch"), ("gateway",)])
+def test_a_service_whose_log_reader_is_gone_stops_on_sigterm(
+        command: tuple[str, ...], redis_server: RedisServer, tmp_path: Path) -> None:
+    """What a killed ``up`` leaves behind with its log pipe closed: each process still
+    stops on SIGTERM (a realtime worker's drain died on its first log line)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANEGATE_")}
+    env.update(LANEGATE_ENGINE="simulated", LANEGATE_SLOTS="2",
+               LANEGATE_REDIS_URL=redis_server.url, LANEGATE_DATA_DIR=str(tmp_path / "data"))
+    proc = subprocess.Popen([PY, "-m", "lanegate.cli", *command, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        url = f"http://127.0.0.1:{port}"  # the gateway's; a worker logs its own
+        for line in proc.stdout:
+            event = json.loads(line) if line.startswith(b"{") else {}
+            if event.get("event") in ("worker_started", "gateway_start"):
+                url = event.get("url", url)
+                break
+        deadline = time.monotonic() + 60
+        while not serves(url + "/healthz"):
+            assert proc.poll() is None, proc.poll()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.stdout.close()  # the log reader is gone
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == 0, f"{' '.join(command)} did not stop on SIGTERM (exit {code})"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def serves(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 # --- one data directory, one stack ---------------------------------------------------------
