@@ -152,6 +152,10 @@ class _Writer:
                 self.lines.task_done()
 
     def _report_drops(self) -> None:
+        """One line counting the lines dropped, once the held ones are out (sooner, it
+        would find the queue full and be dropped itself)."""
+        if not self.dropped or not self.lines.empty():
+            return
         with self._lock:
             dropped, self.dropped = self.dropped, 0
         if dropped:

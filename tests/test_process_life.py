@@ -25,6 +25,8 @@ from conftest import RedisServer, free_port
 from phrases import RAIN
 from stack import REPO
 
+from lanegate.logs import OUTLET_LINES
+
 PY = sys.executable
 BANNER_END = "Ctrl-C stops everything."
 #: longer than any wait below: a child that stopped within a wait stopped on its own,
@@ -269,6 +271,43 @@ def serves(url: str) -> bool:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def test_a_reader_that_pauses_gets_the_held_lines_then_the_count_of_the_dropped(
+        tmp_path: Path) -> None:
+    """A process that logs more than ``OUTLET_LINES`` while its reader is paused does not
+    wait for it; when the reader reads again it gets the lines held and one line that
+    counts the rest."""
+    read_fd, write_fd = os.pipe()
+    fcntl.fcntl(write_fd, F_SETPIPE_SZ, 4096)
+    code = ("import sys, time\n"
+            "from lanegate.logs import OUTLET_LINES, configure_logging, get_logger, guard_output\n"
+            "guard_output()\nconfigure_logging('info', 'json')\nlog = get_logger('test')\n"
+            "for i in range(3 * OUTLET_LINES):\n    log.info('line', i=i)\n"
+            "open(sys.argv[1], 'w').close()\ntime.sleep(60)\n")
+    logged = tmp_path / "logged"
+    proc = subprocess.Popen([PY, "-c", code, str(logged)], stdout=write_fd, stderr=write_fd,
+                            cwd=REPO)
+    os.close(write_fd)
+    try:
+        deadline = time.monotonic() + 60
+        while not logged.exists():  # every line logged while nobody reads
+            assert proc.poll() is None
+            assert time.monotonic() < deadline, "the process waited for its reader"
+            time.sleep(0.1)
+        text = b""
+        while b"log_lines_dropped" not in text:
+            text += os.read(read_fd, 1 << 16)
+            assert time.monotonic() < deadline + 60
+        lines = [json.loads(line) for line in text.splitlines()]
+        (notice,) = [e for e in lines if e["event"] == "log_lines_dropped"]
+        held = [e["i"] for e in lines if e["event"] == "line"]
+        assert held == list(range(len(held)))  # the first lines, in order
+        assert len(held) + notice["count"] == 3 * OUTLET_LINES
+    finally:
+        proc.kill()
+        proc.wait(30)
+        os.close(read_fd)
 
 
 # --- one data directory, one stack ---------------------------------------------------------
