@@ -81,11 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "cannot keep up; the simulated engine keeps 4 and 5)")
     per_engine = ENGINE_DEFAULTS  # these take the engine's figure unless given
     for name in ("duration_s", "s1_duration_s", "flood_job_s", "dump_s", "dump_every_s",
-                 "sim_duration_s", "sim_dump_s", "scale_duration_s", "vad_seconds"):
+                 "sim_duration_s", "sim_dump_s", "scale_duration_s", "vad_seconds",
+                 "protocol_utterance_s"):
         r.add_argument("--" + name.replace("_", "-"), type=float,
                        default=None if name in per_engine["whisper"] else getattr(d, name),
                        help=_per_engine(name))
-    for name in ("streams", "flood_jobs", "sim_streams", "scale_target_streams"):
+    for name in ("streams", "flood_jobs", "sim_streams", "scale_target_streams",
+                 "protocol_sessions", "protocol_repeats"):
         r.add_argument("--" + name.replace("_", "-"), type=int,
                        default=None if name in per_engine["whisper"] else getattr(d, name),
                        help=_per_engine(name))

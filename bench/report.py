@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench import protocols
 from bench.machine import PROBE_LOOP
 from bench.verdict import (
     MAD_TO_SIGMA,
@@ -361,14 +362,18 @@ def verdict_s5(ws: list[Windows], rule: Rule, loads: list[int],
               judge(Check(f"added_p99_ms at {target_n}", ADDED_P99_MS), added, rule),
               judge(Check(f"direct_p99_ms at {target_n}", RED_LINE_MS),
                     [r["direct_p99_ms"] for r in rounds], rule),
-              judge_flags(f"every stream served at {target_n}", [r["served"] for r in rounds])]
+              judge_flags(f"every stream served at {target_n}", [r["served"] for r in rounds]),
+              *protocol_checks(ws, rule)]
     top = max(held) if held else None
     cap = per_load.get(target_n, {})
     return _verdict(f"at {target_n} streams: gateway CPU per stream-second <= "
                     f"{GATEWAY_OVER_FLOOR:g} x the same round's floor (a bare aiohttp server "
                     f"under the same streams; median of the rounds' ratios) and added "
                     f"partial p99 (via gateway minus direct, same round) <= "
-                    f"{ADDED_P99_MS:g} ms with direct p99 <= {RED_LINE_MS:g} ms", checks,
+                    f"{ADDED_P99_MS:g} ms with direct p99 <= {RED_LINE_MS:g} ms"
+                    + ("; each protocol adapter (Deepgram, Wyoming, Realtime) adds <= "
+                       f"{ADDED_P99_MS:g} ms p99 over /v1/stream"
+                       if any(w.get("s5_protocols") for w in ws) else ""), checks,
                     {"gateway_cpu_s_per_stream_s": spread(
                         [r["gateway_cpu_s_per_stream_s"] for r in rounds]),
                      "floor_cpu_s_per_stream_s": spread(
@@ -381,6 +386,67 @@ def verdict_s5(ws: list[Windows], rule: Rule, loads: list[int],
                     capacity={str(n): c for n, c in per_load.items()},
                     errors=_errors(ws, tuple(f"s5_{n}_{d}" for n in loads
                                              for d in ("via_gateway", "direct"))))
+
+
+#: (protocol, figure) pairs judged against ``/v1/stream`` in the same round
+PROTOCOL_FIGURES = (("deepgram", "partial_ms"), ("deepgram", "finalize_ms"),
+                    ("wyoming", "finalize_ms"), ("realtime", "finalize_ms"))
+
+
+def protocol_checks(ws: list[Windows], rule: Rule) -> list[dict[str, Any]]:
+    """Each adapter's added p99 over ``/v1/stream`` (``bench.protocols``), where a round
+    measured it: at most ``ADDED_P99_MS``, and every session finalized."""
+    if not any(w.get("s5_protocols") for w in ws):
+        return []
+    checks = [judge(Check(f"{p} added {fig.removesuffix('_ms')} p99 ms", ADDED_P99_MS),
+                    [protocols.added(w["s5_protocols"], p, fig) if w.get("s5_protocols")
+                     else None for w in ws], rule)
+              for p, fig in PROTOCOL_FIGURES]
+    checks.append(judge_flags("every protocol session finalized", [
+        None if not w.get("s5_protocols") else
+        not any(r["errors"] for r in w["s5_protocols"].values()) for w in ws]))
+    return checks
+
+
+def protocol_table(doc: dict[str, Any]) -> list[str]:
+    ws = [w["s5_protocols"] for w in round_windows(doc) if w.get("s5_protocols")]
+    if not ws:
+        return []
+    o = doc["options"]
+    lines = [f"Each protocol's adapter against `/v1/stream` in scenario 5's stack (simulated "
+             f"workers whose steps cost nothing), one right after the other in each round: "
+             f"{o.get('protocol_sessions')} sessions at a time, "
+             f"{o.get('protocol_repeats')} times, each streaming "
+             f"{o.get('protocol_utterance_s')} s of the live speech at real-time pace, then "
+             "ending it the protocol's way (`end`, `CloseStream`, `audio-stop`, "
+             "`input_audio_buffer.commit`). Finalize latency: from that end to the final "
+             "transcript. Partial latency where the protocol says which audio a partial "
+             "covers (`/v1/stream`, Deepgram's interim `start + duration`). Added = the "
+             "protocol's p99 minus `/v1/stream`'s in the same round (`bench/protocols.py`).",
+             "", "| protocol | finalize p50 / p99 (ms) | added finalize p99 (ms) | "
+             "partial p50 / p99 (ms) | added partial p99 (ms) | sessions | errors |",
+             "|---|---|---|---|---|---|---|"]
+    for p in protocols.PROTOCOLS:
+        rs = [w[p] for w in ws if p in w]
+        if not rs:
+            continue
+
+        def q(fig: str, k: str, rs: list[dict[str, Any]] = rs) -> str:
+            return _sp(spread([r[fig][k] for r in rs]))
+
+        def add(fig: str, p: str = p) -> str:
+            return "—" if p == "stream" else _sp(spread([protocols.added(w, p, fig)
+                                                         for w in ws]))
+
+        partial = ("—" if all(r["partial_ms"]["p99"] is None for r in rs)
+                   else f"{q('partial_ms', 'p50')} / {q('partial_ms', 'p99')}")
+        lines.append(f"| {'`/v1/stream`' if p == 'stream' else p} | "
+                     f"{q('finalize_ms', 'p50')} / {q('finalize_ms', 'p99')} | "
+                     f"{add('finalize_ms')} | {partial} | "
+                     f"{add('partial_ms') if partial != '—' else '—'} | "
+                     f"{sum(r['sessions'] for r in rs)} | "
+                     f"{[r['errors'] for r in rs if r['errors']] or '—'} |")
+    return lines
 
 
 def verdict_s6(ws: list[Windows], rule: Rule) -> dict[str, Any]:
@@ -939,6 +1005,8 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
                   "rounds: what an aiohttp gateway cannot go below at these frame sizes. "
                   "The gateway's cost over it is the relay's own.", "",
                   *capacity_table(doc), "", perf_line(doc), ""]
+    if protocol_table(doc):
+        parts += ["## Protocol adapters over `/v1/stream`", "", *protocol_table(doc), ""]
     if rounds_table(doc):
         parts += ["## Rounds", "",
                   "The machine's speed beside each round's figures: the probe loop's seconds "

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import accuracy, audio, measure
+from bench import accuracy, audio, measure, protocols
 from bench.machine import Moment, perf_support
 from bench.measure import dump_spec, live_specs, stream_url, window, worker_session_url
 from bench.stack import LOGS_DIR, Stack, StackPlan, WorkerPlan
@@ -78,6 +78,11 @@ class Options:
     scale_streams: tuple[int, ...] = (100, 200, 500)  # gateway capacity: each load
     scale_target_streams: int = 200  # the load the gateway's targets are judged at
     scale_duration_s: float = 20.0
+    # each protocol adapter against /v1/stream (bench.protocols): sessions at a time,
+    # rounds of them, seconds of speech each (0 sessions: not measured)
+    protocol_sessions: int = 20
+    protocol_repeats: int = 3
+    protocol_utterance_s: float = 4.0
     vad_seconds: float = 3600.0
     rt_cpus: str = "0"
     batch_cpus: str = "1"
@@ -412,6 +417,16 @@ class Bench:
             for n in self.o.scale_streams:
                 await self.gateway_vs_direct(stack, w, n, count)
                 await self.floor(stack, floor, w, n)
+            if self.o.protocol_sessions:
+                await self.protocols(stack, w)
+
+    async def protocols(self, stack: Stack, w: Windows) -> None:
+        """Each protocol adapter's latency over ``/v1/stream``, in the same stack."""
+        pcm = self.live_pcm().read_bytes()[: int(audio.RATE * 2 * self.o.protocol_utterance_s)]
+        stack.check_alive()
+        w["s5_protocols"] = await protocols.measure(
+            stack.url, stack.wyoming_port, pcm, concurrent=self.o.protocol_sessions,
+            repeats=self.o.protocol_repeats)
 
     async def floor(self, stack: Stack, url: str, w: Windows, n: int) -> None:
         """The same streams on ``bench.floor``'s bare aiohttp server: the gateway's

@@ -108,6 +108,9 @@ class Stack:
         self.workdir = workdir / plan.design
         self.redis_port = free_port()
         self.gateway_port = free_port()
+        # Wyoming's TCP listener: a port of this stack's own (its default, 10300, is one
+        # per host; ``bench.protocols`` measures the adapter on it)
+        self.wyoming_port = free_port()
         self.supervisor = Supervisor([], ready=lambda: True, stop_timeout_s=STOP_GRACE_S)
         self.redis: aioredis.Redis | None = None
 
@@ -150,6 +153,7 @@ class Stack:
         return {"LANEGATE_REDIS_URL": self.redis_url,
                 "LANEGATE_DATA_DIR": str(self.workdir / "data"),
                 "LANEGATE_PORT": str(self.gateway_port),
+                "LANEGATE_WYOMING_PORT": str(self.wyoming_port),
                 **self.plan.env}
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str], stop_order: int) -> Child:
