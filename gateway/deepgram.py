@@ -1,6 +1,8 @@
-"""Deepgram's ``/v1/listen`` on the gateway's port: the live API (WebSocket) and the
-prerecorded one (POST), translated onto the same realtime sessions, uploads and jobs
-as lanegate's own API (README, "Deepgram API").
+"""Deepgram's ``/v1/listen`` on the gateway's port: the live API (WebSocket) here, the
+prerecorded one (POST) in ``gateway/deepgram_prerecorded.py``, translated onto the
+same realtime sessions, uploads and jobs as lanegate's own API (README, "Deepgram API").
+(Over 400 lines: the session, its socket reader and the channel relays share one
+stream's state and Deepgram's message shapes.)
 
 **Live.** The query (``gateway/deepgram_params.py``) and the key (``Authorization:
 Token KEY``, ``Bearer KEY`` or ``Sec-WebSocket-Protocol: token, KEY``) are checked
@@ -30,12 +32,7 @@ decoder slot back after ``realtime_park_after_s`` (the relay parks: ``park=True`
 ``gateway/relay.py``) and takes one again at its next audio or ``Finalize``, so a
 stretch of KeepAlive only holds no slot.
 
-**Prerecorded.** The body is the audio, decoded by the upload path; the answer is
-Deepgram's response (``lanegate/deepgram_response.py``), from the realtime lane or a
-batch job it waits for. ``callback=URL`` makes it a batch job at once (answer
-``{"request_id"}``); the batch worker's webhook dispatcher POSTs Deepgram's response
-to the URL under the webhook address policy. A JSON body (Deepgram's ``{"url": ...}``)
-is refused: lanegate fetches no audio.
+**Prerecorded** (``POST /v1/listen``, registered here): ``gateway/deepgram_prerecorded.py``.
 """
 
 from __future__ import annotations
@@ -58,33 +55,28 @@ from gateway.auth import authenticate, lease_subject
 from gateway.deepgram_params import (
     TOKEN_PROTOCOL,
     DeepgramParams,
-    ParamError,
-    parse_params,
+    check_key,
+    http_error,
+    params_or_400,
     presented_key,
 )
-from gateway.dispatch import Transcribed, UploadAsk, serve_upload, take_upload, wait_for_job
-from gateway.intake import UploadError
-from gateway.relay import REJECTED_CODES, Ending, Failure, Outcome, Relay, Timeline
-from gateway.state import SETTINGS, UPLOAD_POOL
+from gateway.deepgram_prerecorded import transcribe
+from gateway.relay import REJECTED_CODES, Ending, Failure, Outcome, Relay, Reopen, Timeline
+from gateway.state import SETTINGS
 from gateway.stream import FRAME_HARD_CAP, StreamSession, run_socket
-from gateway.uploads import check_webhook, count_rejection, parse_webhook_url
 from gateway.workers_client import NoWorkers, Overloaded, WorkerSession, open_worker_session
 from lanegate import metrics
 from lanegate.constants import SAMPLE_WIDTH
 from lanegate.deepgram_response import (
-    DEEPGRAM_FORMAT,
     MODEL_INFO,
     MODEL_UUID,
     alternative,
     created_now,
-    error_body,
-    prerecorded,
     request_id,
     spread_words,
     timed_words,
 )
 from lanegate.settings import Settings
-from lanes.routing import Lane, wait_timeout_s
 
 PATH = "/v1/listen"
 #: Deepgram's error variant and close code for each ``Failure`` code
@@ -98,22 +90,8 @@ DG_ERRORS: dict[str, tuple[str, int]] = {
 SERVER_ERROR = ("NET-0000", WSCloseCode.INTERNAL_ERROR)
 #: how much of an unparseable control message an ``Error`` quotes back
 QUOTE_CHARS = 200
-#: Deepgram's ``err_code`` by HTTP status; other statuses say lanegate's own code
-ERR_CODES = {400: "Bad Request", 401: "INVALID_AUTH", 403: "INSUFFICIENT_PERMISSIONS",
-             413: "PAYLOAD_TOO_LARGE", 429: "TOO_MANY_REQUESTS"}
 #: the G.711 encodings, decoded to PCM s16le by the Realtime API's tables
 G711 = {"mulaw": AudioFormat.PCMU, "alaw": AudioFormat.PCMA}
-
-
-def http_error(status: int, code: str, message: str, rid: str,
-               headers: dict[str, str] | None = None) -> web.HTTPException:
-    """An HTTP error in Deepgram's shape, the message also in ``dg-error``."""
-    err = web.HTTPException(
-        text=json.dumps(error_body(ERR_CODES.get(status, code), message, rid)),
-        content_type="application/json",
-        headers={"dg-error": message[:500], "dg-request-id": rid, **(headers or {})})
-    err.set_status(status)
-    return err
 
 
 def keepalive_deadline(settings: Settings, started: float, timeline: Timeline,
@@ -319,7 +297,7 @@ class DeepgramSession(StreamSession):
             sample_rate=self.dg.sample_rate, language=self.dg.language, vad=self.dg.vad,
             exclude=exclude, prompt=self.dg.prompt)
 
-    def _reopen(self, index: int) -> Any:
+    def _reopen(self, index: int) -> Reopen:
         return lambda lost: self._open(index, lost)
 
     async def _open_all(self, tenant: str) -> list[WorkerSession] | None:
@@ -482,22 +460,6 @@ class DeepgramSession(StreamSession):
 # --- handlers ---------------------------------------------------------------------------
 
 
-def _tenant(request: web.Request, rid: str) -> str:
-    tenant = authenticate(request, presented_key(request))
-    if tenant is None:
-        raise http_error(401, "INVALID_AUTH", "Invalid credentials: pass a lanegate API key "
-                         "as `Authorization: Token KEY`", rid,
-                         {"WWW-Authenticate": 'Token realm="lanegate"'})
-    return tenant
-
-
-def _params(request: web.Request, rid: str, *, live: bool) -> DeepgramParams:
-    try:
-        return parse_params(request, request.app[SETTINGS], live=live)
-    except ParamError as exc:
-        raise http_error(400, "Bad Request", exc.message, rid) from None
-
-
 async def listen(request: web.Request) -> web.StreamResponse:
     """``GET /v1/listen``: check the key and the query, upgrade, run a ``DeepgramSession``."""
     settings = request.app[SETTINGS]
@@ -506,60 +468,13 @@ async def listen(request: web.Request) -> web.StreamResponse:
         raise http_error(426, "UPGRADE_REQUIRED", "GET /v1/listen is Deepgram's live API: "
                          "open a WebSocket (or POST the audio for a prerecorded result)",
                          rid, {"Upgrade": "websocket"})
-    _tenant(request, rid)
-    dg = _params(request, rid, live=True)
+    check_key(request, rid)
+    dg = params_or_400(request, rid, live=True)
     ws = web.WebSocketResponse(
         protocols=(TOKEN_PROTOCOL,), autoclose=False,
         max_msg_size=settings.max_frame_bytes * FRAME_HARD_CAP * dg.channels)
     await ws.prepare(request)
     return await run_socket(request, DeepgramSession(request, ws, dg, rid))
-
-
-async def transcribe(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/listen``: the body's audio, answered in Deepgram's prerecorded shape."""
-    app = request.app
-    settings = app[SETTINGS]
-    rid = request_id(uuid.uuid4().hex)
-    tenant = _tenant(request, rid)
-    if request.content_type == "application/json":
-        raise http_error(400, "Bad Request", "lanegate does not fetch audio from a URL: POST "
-                         "the audio itself as the request body (Content-Type: audio/wav, "
-                         "application/octet-stream, ...)", rid)
-    params = _params(request, rid, live=False)
-    callback = None
-    try:
-        if params.callback is not None:
-            callback = parse_webhook_url(params.callback)
-
-        async def check(_: DeepgramParams) -> None:
-            if callback is not None:
-                await check_webhook(callback, settings, app[UPLOAD_POOL])
-
-        upload, _, decoded = await take_upload(request, fields=frozenset(), strict=False,
-                                               raw_allowed=True, parse=lambda _: params,
-                                               check=check)
-        rid = request_id(upload.upload_id)
-        ask = UploadAsk(tenant=tenant, language=params.language, prompt=params.prompt,
-                        subject=lease_subject(request, tenant), webhook_url=callback,
-                        async_requested=callback is not None,
-                        response_format=DEEPGRAM_FORMAT if callback else "json")
-        served = await serve_upload(app, upload, decoded, ask)
-        if isinstance(served, Transcribed):
-            transcript, lane = served.transcript, Lane.REALTIME
-        elif callback is not None:
-            return web.json_response({"request_id": request_id(served.job.id)},
-                                     headers={"dg-request-id": request_id(served.job.id),
-                                              "X-Lanegate-Lane": Lane.BATCH})
-        else:
-            transcript = await wait_for_job(app, served.job, tenant,
-                                            wait_timeout_s(decoded.seconds, settings))
-            lane = Lane.BATCH
-    except UploadError as exc:
-        count_rejection(exc)
-        raise http_error(exc.status, exc.code, exc.message, rid, exc.headers) from None
-    body = prerecorded(transcript, rid=rid, created=created_now(),
-                       detected=params.language == "")
-    return web.json_response(body, headers={"dg-request-id": rid, "X-Lanegate-Lane": lane})
 
 
 def setup_deepgram(app: web.Application) -> None:

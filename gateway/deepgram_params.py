@@ -11,20 +11,24 @@ relying on them must know. Everything else (``punctuate``, ``smart_format``,
 ``model``, ...: the table in the README) is accepted and ignored.
 
 A bad value is a :class:`ParamError`, answered in Deepgram's REST error shape before
-any WebSocket upgrade (``gateway/deepgram.py``).
+any WebSocket upgrade (``params_or_400``), as is a missing or wrong key
+(``check_key``).
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.auth import api_key_of
+from gateway.auth import api_key_of, authenticate
 from gateway.intake import UploadError
 from gateway.params import parse_bool, parse_language
+from gateway.state import SETTINGS
 from lanegate.audio import MAX_STREAM_SAMPLE_RATE, MIN_STREAM_SAMPLE_RATE
+from lanegate.deepgram_response import error_body
 from lanegate.settings import Settings
 
 #: the live encodings lanegate decodes, each to PCM s16le
@@ -44,6 +48,9 @@ IGNORED = ("punctuate", "smart_format", "model", "version", "tier", "numerals",
            "topics", "intents", "sentiment", "summarize")
 #: the subprotocol a browser names before its key (``Sec-WebSocket-Protocol: token, KEY``)
 TOKEN_PROTOCOL = "token"
+#: Deepgram's ``err_code`` by HTTP status; other statuses say lanegate's own code
+ERR_CODES = {400: "Bad Request", 401: "INVALID_AUTH", 403: "INSUFFICIENT_PERMISSIONS",
+             413: "PAYLOAD_TOO_LARGE", 429: "TOO_MANY_REQUESTS"}
 
 
 class ParamError(Exception):
@@ -230,3 +237,32 @@ def presented_key(request: web.Request) -> str | None:
             and offered[1]:
         return offered[1]
     return api_key_of(request)
+
+
+def http_error(status: int, code: str, message: str, rid: str,
+               headers: dict[str, str] | None = None) -> web.HTTPException:
+    """An HTTP error in Deepgram's shape, the message also in ``dg-error``."""
+    err = web.HTTPException(
+        text=json.dumps(error_body(ERR_CODES.get(status, code), message, rid)),
+        content_type="application/json",
+        headers={"dg-error": message[:500], "dg-request-id": rid, **(headers or {})})
+    err.set_status(status)
+    return err
+
+
+def check_key(request: web.Request, rid: str) -> str:
+    """The caller's tenant; a 401 in Deepgram's shape for a missing or wrong key."""
+    tenant = authenticate(request, presented_key(request))
+    if tenant is None:
+        raise http_error(401, "INVALID_AUTH", "Invalid credentials: pass a lanegate API key "
+                         "as `Authorization: Token KEY`", rid,
+                         {"WWW-Authenticate": 'Token realm="lanegate"'})
+    return tenant
+
+
+def params_or_400(request: web.Request, rid: str, *, live: bool) -> DeepgramParams:
+    """``parse_params``; a 400 in Deepgram's shape for a bad parameter."""
+    try:
+        return parse_params(request, request.app[SETTINGS], live=live)
+    except ParamError as exc:
+        raise http_error(400, "Bad Request", exc.message, rid) from None

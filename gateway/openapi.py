@@ -19,12 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway import deepgram_openapi
 from gateway.openai_compat import RESPONSE_FORMATS as OPENAI_FORMATS
 from gateway.page import STATIC_FILES
 from gateway.params import LANGUAGE_PATTERN
 from gateway.uploads import LIST_DEFAULT, LIST_MAX
 from lanegate.audio import MAX_STREAM_SAMPLE_RATE as MAX_SAMPLE_RATE
 from lanegate.audio import MIN_STREAM_SAMPLE_RATE as MIN_SAMPLE_RATE
+from lanegate.deepgram_response import DEEPGRAM_FORMAT
 from lanegate.transcript import FORMATS
 from lanes.job_protocol import JobStatus
 
@@ -107,7 +109,7 @@ def _schemas() -> dict[str, Schema]:
                "started_at": epoch, "finished_at": epoch,
                "audio_seconds": {"type": "number"}, "attempts": {"type": "integer"},
                "error": _nullable("string"), "language": {"type": "string"},
-               "response_format": {"type": "string", "enum": list(FORMATS)},
+               "response_format": {"type": "string", "enum": [*FORMATS, DEEPGRAM_FORMAT]},
                "webhook_url": _nullable("string"), "filename": _nullable("string"),
            }}
     job_list = {"type": "object", "required": ["object", "data", "next_cursor", "has_more"],
@@ -133,6 +135,7 @@ def _schemas() -> dict[str, Schema]:
         "JobList": job_list, "Error": error, "OpenAIError": openai_error,
         "OpenAITranscription": _openai_json(), "OpenAIVerboseTranscription": _openai_verbose(),
         "OpenAIVerboseTranslation": _openai_verbose("translate"),
+        **deepgram_openapi.schemas(),
         "Health": {"type": "object", "required": ["status"],
                    "properties": {"status": {"const": "ok"}}},
         "Ready": {"type": "object", "required": ["status"], "properties": {
@@ -529,6 +532,7 @@ def build() -> Schema:
             "/v1/audio/translations": {"post": _openai_translation()},
             "/v1/stream": {"get": _stream()},
             "/v1/realtime": {"get": _realtime()},
+            **deepgram_openapi.paths(),
             **_health_routes(),
             **_page_routes(),
         }),

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest_asyncio
 from aiohttp import web
 from conftest import read_pcm, synthesize
 from deepgram import AsyncDeepgramClient, DeepgramClientEnvironment
+from deepgram.core.api_error import ApiError
 from phrases import MOST, RAIN, SENTENCE_RECALL, TALKING, TRAFFIC, recall, spoken
 from stack import Stack, start_stack
 
@@ -164,6 +166,8 @@ async def test_sdk_live_interim_keepalive_finalize_closestream(
             await asyncio.sleep(4.5)
             await conn.send_keep_alive()
         assert not live.task.done(), "the connection closed during the KeepAlive stretch"
+        workers = await asyncio.to_thread(stack.live_workers)  # silent: parked, no slot held
+        assert all(w["slots_free"] == w["slots_total"] for w in workers.values()), workers
         assert all(getattr(m, "type", None) != "Error" for m in live.messages[before:])
 
         # speech with no trailing silence for an endpoint: Finalize ends it
@@ -337,3 +341,154 @@ async def test_pipecat_deepgram_stt_service_turns_audio_into_transcriptions(
     await runner.add_workers(worker)
     await asyncio.wait_for(asyncio.gather(runner.run(), feed()), 2 * WAIT_S)
     assert recall(TRAFFIC, " ".join(texts)) >= SENTENCE_RECALL, texts
+
+
+# --- auth --------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["bearer", "subprotocol", "query"])
+async def test_each_way_of_presenting_the_key(stack: Stack, http: aiohttp.ClientSession,
+                                              how: str) -> None:
+    query = "encoding=linear16&sample_rate=16000"
+    kwargs: dict[str, Any] = {}
+    if how == "bearer":
+        kwargs["headers"] = {"Authorization": "Bearer beta"}
+    elif how == "subprotocol":  # what a browser sends: it cannot set headers
+        kwargs["protocols"] = ("token", "beta")
+    else:
+        query += "&api_key=beta"
+    async with http.ws_connect(ws_url(stack, query), **kwargs) as ws:
+        if how == "subprotocol":
+            assert ws.protocol == "token"
+        await ws.send_json({"type": "CloseStream"})
+        meta = json.loads((await ws.receive(timeout=WAIT_S)).data)
+        assert meta["type"] == "Metadata"
+        await ws.receive(timeout=WAIT_S)
+    assert ws.close_code == 1000
+
+
+async def test_a_missing_or_wrong_key_is_refused_at_the_handshake(stack: Stack) -> None:
+    with pytest.raises(ApiError) as refused:
+        async with client(stack, "not-a-key").listen.v1.connect(
+                model="nova-3", encoding="linear16", sample_rate="16000"):
+            pass
+    assert refused.value.status_code == 401
+    status, headers, body = await handshake(stack, "encoding=linear16&sample_rate=16000")
+    assert status == 401
+    assert body["err_code"] == "INVALID_AUTH"
+    assert headers["dg-request-id"] == body["request_id"]
+
+
+# --- bad input: Deepgram's errors, and another live session undisturbed --------------------
+UPGRADE = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+           "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+
+
+async def handshake(stack: Stack, query: str, key: str | None = None
+                    ) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """A WebSocket upgrade request that is refused: its status, headers and body."""
+    headers = dict(UPGRADE)
+    if key is not None:
+        headers["Authorization"] = f"Token {key}"
+    async with aiohttp.ClientSession() as http, \
+            http.get(stack.url + "/v1/listen?" + query, headers=headers) as resp:
+        return resp.status, dict(resp.headers), await resp.json()
+
+
+async def refused_query(stack: Stack, query: str) -> str:
+    """The SDK's refusal and the handshake's Deepgram error of ``query``: its message."""
+    status, headers, body = await handshake(stack, query, key="beta")
+    assert status == 400
+    assert body["err_code"] == "Bad Request"
+    assert headers["dg-error"] == body["err_msg"]
+    return str(body["err_msg"])
+
+
+async def error_then_close(ws: aiohttp.ClientWebSocketResponse) -> tuple[dict[str, Any], int]:
+    error = json.loads((await ws.receive(timeout=WAIT_S)).data)
+    closed = await ws.receive(timeout=WAIT_S)
+    assert closed.type is aiohttp.WSMsgType.CLOSE
+    return error, int(ws.close_code or 0)
+
+
+async def test_bad_input_gets_deepgrams_errors_and_takes_nothing_from_a_live_session(
+        stack: Stack, speech: Callable[..., Path], http: aiohttp.ClientSession) -> None:
+    pcm, _ = read_pcm(speech(TRAFFIC))
+    async with client(stack, "alpha").listen.v1.connect(
+            model="nova-3", encoding="linear16", sample_rate="16000") as conn:
+        live = Live(conn)
+
+        async def stream() -> None:  # in real time, while the bad clients come and go
+            for frame in frames(pcm + silence(2000)):
+                await conn.send_media(frame)
+                await asyncio.sleep(FRAME_MS / 1000)
+
+        streaming = asyncio.create_task(stream())
+
+        with pytest.raises(ApiError) as refused:  # what the SDK's user sees
+            async with client(stack, "beta").listen.v1.connect(
+                    model="nova-3", encoding="opus", sample_rate="16000"):
+                pass
+        assert refused.value.status_code == 400
+        assert "opus" in await refused_query(stack, "encoding=opus&sample_rate=16000")
+        assert "diariz" in await refused_query(
+            stack, "encoding=linear16&sample_rate=16000&diarize=true")
+        assert "redact" in await refused_query(
+            stack, "encoding=linear16&sample_rate=16000&redact=pci")
+        assert "max_stream_channels" in await refused_query(
+            stack, "encoding=linear16&sample_rate=16000&channels=99")
+        assert "sample_rate" in await refused_query(stack, "encoding=mulaw")
+
+        # a frame that is not whole samples of the declared channels
+        three = ws_url(stack, "encoding=linear16&sample_rate=16000&channels=3")
+        async with http.ws_connect(three, headers={"Authorization": "Token beta"}) as ws:
+            await ws.send_bytes(silence(100))  # 3200 bytes: not whole 6-byte samples
+            error, code = await error_then_close(ws)
+        assert (error["type"], error["variant"], code) == ("Error", "DATA-0000", 1008)
+        assert "3 channel" in error["description"]
+
+        # a bogus control message, a Configure, and a 1 MB text frame: answered, and the
+        # stream goes on to its Metadata
+        mono = ws_url(stack, "encoding=linear16&sample_rate=16000")
+        async with http.ws_connect(mono, headers={"Authorization": "Token beta"}) as ws:
+            await ws.send_json({"type": "Nonsense"})
+            bogus = json.loads((await ws.receive(timeout=WAIT_S)).data)
+            await ws.send_json({"type": "Configure", "keyterms": ["lanegate"]})
+            configure = json.loads((await ws.receive(timeout=WAIT_S)).data)
+            await ws.send_str("x" * 1_000_000)
+            huge = json.loads((await ws.receive(timeout=WAIT_S)).data)
+            await ws.send_bytes(silence(500))
+            await ws.send_json({"type": "CloseStream"})
+            meta = json.loads((await ws.receive(timeout=WAIT_S)).data)
+            await ws.receive(timeout=WAIT_S)
+        assert (bogus["type"], bogus["variant"]) == ("Error", "SchemaError")
+        assert bogus["message"] == '{"type": "Nonsense"}'
+        assert configure["type"] == "ConfigureFailure"
+        assert (huge["type"], huge["variant"]) == ("Error", "SchemaError")
+        assert len(huge["message"]) <= 200
+        assert meta["type"] == "Metadata"
+        assert meta["duration"] == pytest.approx(0.5)
+        assert ws.close_code == 1000
+
+        await streaming
+        await live.until(lambda m: any(r.speech_final for r in live.finals()))
+    assert recall(TRAFFIC, live.text()) >= SENTENCE_RECALL, live.text()
+    assert not live.of("Error")
+
+
+def mulaw(wav: Path) -> bytes:
+    """``wav`` as G.711 mu-law at its own rate, encoded by sox."""
+    return subprocess.run(["sox", "-R", str(wav), "-e", "u-law", "-t", "raw", "-"],
+                          check=True, capture_output=True).stdout
+
+
+async def test_mulaw_live_stream(stack: Stack, speech: Callable[..., Path]) -> None:
+    coded = await asyncio.to_thread(mulaw, speech(TRAFFIC))
+    async with client(stack, "beta").listen.v1.connect(
+            model="nova-3", encoding="mulaw", sample_rate="16000") as conn:
+        live = Live(conn)
+        for off in range(0, len(coded), 1600):  # 100 ms frames
+            await conn.send_media(coded[off:off + 1600])
+            await asyncio.sleep(0.02)
+        await conn.send_close_stream()
+        await live.until(lambda m: bool(live.of("Metadata")))
+    assert recall(TRAFFIC, live.text()) >= SENTENCE_RECALL, live.text()
+    assert live.of("Metadata")[0].duration == pytest.approx(len(coded) / RATE, abs=0.01)
