@@ -17,9 +17,9 @@ from bench import report
 PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 
 GROUPS = (  # (title, [(results key, label)])
-    ("1: {n} live streams + batch flood (pocketsphinx)",
+    ("1: {n} live streams + batch flood ({engine})",
      [("s1_alone", "alone"), ("s1_split", "split + flood"), ("s1_mixed", "mixed + flood")]),
-    ("2: {n} live streams + buffered dumps (pocketsphinx)",
+    ("2: {n} live streams + buffered dumps ({engine})",
      [("s2_split", "split (cap)"), ("s2_split_nocap", "split-nocap")]),
     ("4: {n} streams + long prefills (simulated)",
      [("s4_sim-cap", "cap"), ("s4_sim-nocap", "no cap")]),
@@ -41,7 +41,8 @@ def _present(doc: dict[str, Any], ws: Rounds) -> list[tuple[str, list[tuple[str,
         keys = [(k, lbl) for k, lbl in items if any(k in w for w in ws)]
         if keys:
             first = next(w[keys[0][0]] for w in ws if keys[0][0] in w)
-            out.append((title.format(n=first["live_streams"]), keys))
+            out.append((title.format(n=first["live_streams"],
+                                     engine=report.engine_of(doc["options"])), keys))
     return out
 
 
@@ -66,6 +67,8 @@ def latency_cdf(doc: dict[str, Any], ws: Rounds, path: Path) -> None:
         for i, (key, label) in enumerate(items):
             color = f"C{i}"
             p99s = [w[key]["partial_ms"]["p99"] for w in ws if key in w]
+            stalls = sum(int(w[key].get("stalled_streams", 0)) for w in ws if key in w)
+            stalled = f", {stalls} stalled (counted at the window)" if stalls else ""
             for k, w in enumerate(ws):
                 points = [(q / 100, v) for q, v in w.get(key, {}).get("partial_cdf_ms", [])
                           if 0 < q < 100]
@@ -73,7 +76,8 @@ def latency_cdf(doc: dict[str, Any], ws: Rounds, path: Path) -> None:
                     ax.plot([max(v, 0.1) for _, v in points], [q for q, _ in points],
                             color=color, alpha=0.8, linewidth=1,
                             label=None if k else f"{label}: p99 "
-                            f"{'/'.join(f'{v:.0f}' for v in p99s if v is not None)} ms")
+                            f"{'/'.join(f'{v:.0f}' for v in p99s if v is not None)} ms"
+                            f"{stalled}")
         ax.axvline(RED_LINE_MS, color="red", linestyle="--", linewidth=1, label="300 ms")
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(PLAIN)
