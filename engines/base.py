@@ -129,9 +129,14 @@ class EngineStream(Protocol):
     def finish(self) -> Hypothesis:
         """End the utterance; the final hypothesis with word timings."""
 
-    def context_samples(self) -> int:
+    def rewind(self, samples: int) -> bool:
+        """Forget the utterance's audio past its first ``samples`` (16 kHz); False if the
+        engine cannot (an incremental one has consumed it)."""
+
+    def context_samples(self, last: bool = False) -> int:
         """Audio the next step decodes besides its new chunk (16 kHz samples): 0 for an
-        incremental engine; a re-decoding one's window (its final: the whole segment)."""
+        incremental engine; a re-decoding one's window (``last``: the step that takes the
+        utterance's last chunk, its final's decode)."""
 
     def close(self) -> None:
         """Give the slot back."""

@@ -132,8 +132,11 @@ class PocketsphinxStream:
         self._in_utt = False
         return final_hypothesis(self.decoder)
 
-    def context_samples(self) -> int:
+    def context_samples(self, last: bool = False) -> int:
         return 0  # incremental: a step decodes only its chunk
+
+    def rewind(self, samples: int) -> bool:
+        return False  # incremental: the audio is consumed
 
     def close(self) -> None:
         if self._in_utt:

@@ -114,8 +114,11 @@ class SimulatedStream:
         self.start()
         return Hypothesis(" ".join(w.word for w in words), words, language=LANGUAGE)
 
-    def context_samples(self) -> int:
+    def context_samples(self, last: bool = False) -> int:
         return 0  # incremental: a step decodes only its chunk
+
+    def rewind(self, samples: int) -> bool:
+        return False  # incremental: the audio is consumed
 
     def close(self) -> None:
         self._engine.slots.give_back()

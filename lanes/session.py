@@ -30,7 +30,7 @@ from engines.base import BYTES_PER_SAMPLE, DecodeOptions, EngineStream, Hypothes
 from engines.resample import StreamResampler
 from lanegate.constants import ENGINE_SAMPLE_RATE
 from lanegate.transcript import Word
-from lanes.scheduler import Candidate
+from lanes.scheduler import GRANULE_SAMPLES, Candidate
 from vad import SegmentEnded, SpeechStarted, StreamingSegmenter, VadSettings
 
 Event = dict[str, Any]
@@ -181,11 +181,22 @@ class RealtimeSession:
         for event in events:
             if isinstance(event, SegmentEnded):
                 self._stopped(event)
+                if not self._cuts and event.end < self.cursor:
+                    self._rewind_to(event.end)
                 self._cuts.append(CutPoint(event, self._vad.position))
             elif isinstance(event, SpeechStarted):
                 self._notices.append({"type": "speech_started",
                                       "segment": self.segment + len(self._cuts),
                                       "start_ms": ms(event.start)})
+
+    def _rewind_to(self, cut: int) -> None:
+        """A cut behind the cursor (the max window's, found late): a re-decoding engine
+        drops its audio past it, less one granule that the next step feeds again, so
+        that the segment's final is decoded in a step (off the event loop) like any
+        other. An incremental engine cannot; ``_final`` keeps its words before the cut."""
+        target = max(cut - GRANULE_SAMPLES, self._origin, self._base)
+        if target < self.cursor and self.stream.rewind(target - self._origin):
+            self.cursor = target
 
     def _stopped(self, segment: SegmentEnded) -> None:
         """``speech_stopped`` when the VAD closes a segment, not at its final: the final
@@ -230,11 +241,10 @@ class RealtimeSession:
                          self._context_samples(pending))
 
     def _context_samples(self, pending: int) -> int:
-        """What a re-decoding engine decodes besides the pending audio: the step that
-        reaches a cut decodes the whole utterance (its final), any other step a window."""
-        if self._cuts and self.cursor + pending >= self._cuts[0].segment.end:
-            return self.cursor - self._origin
-        return min(self.cursor - self._origin, self.stream.context_samples())
+        """What a re-decoding engine decodes besides the pending audio (the step that
+        reaches a cut decodes the utterance for its final)."""
+        last = bool(self._cuts) and self.cursor + pending >= self._cuts[0].segment.end
+        return min(self.cursor - self._origin, self.stream.context_samples(last))
 
     def _oldest_pending_at(self) -> float:
         """Paced arrival time of the sample at the cursor.

@@ -36,7 +36,7 @@ LINES = (
     "on friday, in the afternoon",
     "then i will stay at home on friday",
     "thank you for calling",
-    "do you hear me",
+    "are you still there",
     "yes, goodbye",
 )
 
