@@ -22,7 +22,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import gpu, plots, report, sections, soak, whisper_bench, whisper_report
+from bench import (
+    gpu,
+    live_quality,
+    plots,
+    report,
+    sections,
+    soak,
+    whisper_bench,
+    whisper_report,
+)
 from bench.run import ALL_SCENARIOS, ENGINE_DEFAULTS, ENGINES, Options, run
 from bench.whisper_bench import PARTS as WHISPER_PARTS
 from bench.whisper_bench import WhisperOptions
@@ -100,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_whisper_parsers(sub)
     add_soak_parser(sub)
     add_gpu_parser(sub)
+    live_quality.add_parser(sub)
     rep = sub.add_parser("report", help="re-render BENCHMARKS.md and plots from results.json")
     rep.add_argument("results", type=Path)
     rep.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
@@ -238,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return soak_main(args)
     if args.command == "gpu":
         return gpu_main(args)
+    if args.command == "live-quality":
+        return live_quality.main(args)
     if args.command == "report":
         doc = report.upgrade(json.loads(args.results.read_text()))
         if args.unstable_margin is not None:

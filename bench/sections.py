@@ -35,7 +35,8 @@ class Section:
 WHISPER = Section("<!-- whisper-bench:begin -->", "<!-- whisper-bench:end -->")
 SOAK = Section("<!-- soak:begin -->", "<!-- soak:end -->")
 GPU = Section("<!-- gpu-bench:begin -->", "<!-- gpu-bench:end -->")
-OWNED = (WHISPER, SOAK, GPU)
+LIVE_QUALITY = Section("<!-- live-quality:begin -->", "<!-- live-quality:end -->")
+OWNED = (WHISPER, SOAK, GPU, LIVE_QUALITY)
 
 
 def kept(text: str) -> str:

@@ -497,8 +497,9 @@ class Settings:
         "speech flows; the final corrects it). At least WHISPER_COMMIT_MARGIN_MS.",
         ge=0, le=10000)
     whisper_step_window_s: float = _s(
-        10.0, "Realtime Whisper: most audio one step re-decodes (the final decodes the whole "
-        "segment once): a long segment costs a step no more than a short one.", ge=2, le=30)
+        10.0, "Realtime Whisper: most audio one step re-decodes; a longer segment is decoded "
+        "for good in pieces at its pauses, so its final decodes about this much too.",
+        ge=2, le=30)
     whisper_lookback_ms: int = _s(
         1000, "Realtime Whisper: committed speech a step's window re-decodes before the first "
         "word not yet committed (acoustic context; the words it says again are dropped).",
