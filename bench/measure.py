@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,24 @@ def stalled(results: list[dict[str, Any]], steady: tuple[float, float]) -> list[
             and not any(lo <= at <= hi for at in r["partial_at_s"])]
 
 
+def longest_waits(results: list[dict[str, Any]], steady: tuple[float, float]) -> list[float]:
+    """Each served live stream's longest wait for a partial while every stream was on
+    (ms): the longest span of ``steady`` with no partial arriving, its ends included.
+    (A stream's own pauses are in it too; a design that starves a stream shows here
+    even when the few partials it sends are quick.)"""
+    lo, hi = steady
+    if not math.isfinite(hi) or hi <= lo:
+        return []
+    out = []
+    for r in results:
+        if r["kind"] != "live" or not r["lane"]:
+            continue
+        marks = [lo, *sorted(at for at in r["partial_at_s"] if lo <= at <= hi), hi]
+        out.append(round(1000 * max(b - a for a, b in pairwise(marks)),
+                         1))
+    return out
+
+
 def summarize(results: list[dict[str, Any]],
               steady: tuple[float, float] = (0.0, math.inf)) -> dict[str, Any]:
     """Figures of a window; partial latency counts only partials that arrived while
@@ -237,6 +256,7 @@ def summarize(results: list[dict[str, Any]],
         "audio_s_sent": round(sum(r["audio_s_sent"] for r in live), 1),
         "partial_ms": summary(partial),
         "stalled_streams": len(stalls),
+        "longest_wait_ms": summary(longest_waits(results, steady)),
         "stall_ms": stall_ms,
         "first_partial_ms": summary([v for r in live for v in r["first_partial_ms"]]),
         "final_ms": summary([v for r in live for v in r["final_ms"]]),

@@ -179,8 +179,28 @@ def test_the_trade_table_shows_both_designs_from_the_same_rounds() -> None:
 def test_a_split_that_gives_up_batch_for_latency_says_how_much() -> None:
     rounds = [{"s1_split": _flood(300.0, 168, 8.0), "s1_mixed": _flood(3000.0, 20, 10.0)}]
     assert trade_sentence(_doc(rounds)).startswith(
-        "A trade: `split` keeps live partial p99 at 300.0 ms against 3000.0 ms (10.0 x lower)"
-        " and gives up 20.0 % of batch throughput")
+        "A trade: `split` is ahead on live latency (live partial p99 300.0 ms against "
+        "3000.0 ms) and gives up 20.0 % of batch throughput")
+
+
+def test_a_quick_p99_over_a_few_partials_is_not_ahead_on_live_latency() -> None:
+    # mixed sent 8 partials in 120 stream-seconds, all quick; split 164, a little slower
+    rounds = [{"s1_split": _flood(936.0, 164, 9.6), "s1_mixed": _flood(891.0, 8, 15.9)}]
+    sentence = trade_sentence(_doc(rounds))
+    assert sentence.startswith("A trade: `split` is ahead on live latency (its live streams "
+                               "got 1.37 partials per stream-second against 0.06667)")
+    assert "`mixed`'s lower p99 (891.0 against 936.0 ms) is over the few partials" in sentence
+    even = [{"s1_split": _flood(936.0, 164, 9.6), "s1_mixed": _flood(891.0, 150, 15.9)}]
+    assert trade_sentence(_doc(even)).startswith("`mixed` is ahead on live latency here")
+
+
+def test_each_streams_longest_wait_for_a_partial_is_measured() -> None:
+    steady = (2.0, 46.0)
+    out = summarize([_stream([3.0, 4.0, 30.0]), _stream([10.0, 40.0])], steady)
+    # the first waited 26 s (4 -> 30), the second 30 s (10 -> 40), ends included
+    assert out["longest_wait_ms"]["max"] == pytest.approx(30_000.0)
+    assert out["longest_wait_ms"]["count"] == 2
+    assert summarize([_stream([])], steady)["longest_wait_ms"]["max"] == pytest.approx(44_000.0)
 
 
 def test_benchmarks_md_opens_with_the_trade_on_the_default_engine() -> None:
