@@ -187,6 +187,10 @@ def gpu_main(args: argparse.Namespace) -> int:
              if k in ("out", "workdir", "wav", "device", "compute_type", "model", "budget_s")
              and v is not None}
     o = gpu.GpuOptions.toy_sizes(**given) if args.toy else gpu.GpuOptions(**given)
+    if o.device == "cuda" and gpu.gpu_name() is None:
+        print("python -m bench gpu: no CUDA device is visible (CTranslate2 counts none); "
+              "--toy runs it on the CPU at toy sizes", file=sys.stderr)
+        return 2
     doc = gpu.run(o)
     gpu.write_section(doc, args.markdown)
     print(f"wrote {args.markdown}")

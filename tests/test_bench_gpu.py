@@ -58,3 +58,15 @@ def test_the_gpu_run_works_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
     assert "| `split-nocap` |" in section
     assert "| `split` |" in section
     assert GPU.find(kept(text)) == section  # a re-render of the rest keeps it
+
+
+def test_the_gpu_run_says_plainly_when_no_gpu_is_there(tmp_path: Path) -> None:
+    from bench.gpu import gpu_name
+    if gpu_name() is not None:
+        pytest.skip("a CUDA device is visible here")
+    done = subprocess.run([sys.executable, "-m", "bench", "gpu", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert "no CUDA device is visible" in done.stderr
+    assert "--toy" in done.stderr
+    assert not (tmp_path / "results-gpu.json").exists()
