@@ -168,6 +168,17 @@ def repeated_phrases(reference: str, text: str) -> list[str]:
     return [g for g, n in said.items() if n > max(1, ref.get(g, 0))]
 
 
+def common_words(a: list[list[str]], b: list[list[str]]) -> int:
+    """Length of the longest common subsequence of two word lists: the partial's words
+    that the final kept, in order."""
+    row = [0] * (len(b) + 1)
+    for x in a:
+        prev = 0
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], prev + 1 if x == y else max(row[j], row[j - 1])
+    return row[len(b)]
+
+
 def timing(runs: list[Run]) -> dict[str, Any]:
     """Partial latency, partial rate, word lags and the partial words the final changed."""
     latency: list[float] = []
@@ -192,8 +203,7 @@ def timing(runs: list[Run]) -> dict[str, Any]:
             if seen:
                 last = [normalize(w) for w in seen[-1][1]]
                 shown += len(last)
-                changed += sum(1 for i, w in enumerate(last)
-                               if i >= len(final_words) or w != final_words[i])
+                changed += len(last) - common_words(last, final_words)
     stream_s = sum(r.seconds for r in runs)
     return {
         "partial_ms": {"p50": pct(latency, 0.5), "p99": pct(latency, 0.99)},

@@ -78,6 +78,11 @@ VOICED_SLACK_S = 0.1
 WORD_OVERLAP_S = 0.1
 # Unvoiced 30 ms frames in a row that make a pause a piece of a segment may end in.
 PAUSE_FRAMES = 4
+# Silence added after a final's audio (besides whisper_pad_ms): the batch lane pads each
+# segment to the longest of its batch, and with 0.5 s alone the stream's finals of an
+# espeak-ng clip (10 sentences, 110 words) made 9 errors, with 1.0 s more 7, 2.5 s more
+# 6 (the batch lane: 4; one word is the noise of one run); the shared recording 3 with each.
+FINAL_PAD_SAMPLES = RATE
 # A step decodes a segment only once it holds this much audio from its speech's start.
 MIN_STEP_AUDIO_S = 1.0
 # Tokens generated per step at most: a base and a per-audio-second allowance.
@@ -292,11 +297,10 @@ class WhisperStream:
         piece to seal, or (``last``: the final) what is not sealed yet."""
         end = len(self.audio) // BYTES_PER_SAMPLE
         if last or self.closing:
-            return end - self._final_start()
+            return end - self._final_start() + FINAL_PAD_SAMPLES
         span = self._seal_span()
-        if span is not None:
-            return span[1] - span[0]
-        return end - self._window_start()
+        window = end - self._window_start()
+        return window if span is None else max(window, span[1] - span[0])
 
     def _final_start(self) -> int:
         return max(self._speech_start(), self.sealed_end)
@@ -347,24 +351,52 @@ class WhisperStream:
         start = round(self.words[kept - 1].end * RATE) if kept else 0
         return max(floor, start)
 
+    def piece_job(self) -> Job | None:
+        """A piece to decode for good in this step beside the window (None: none due)."""
+        self._sealing = None if self.closing else self._seal_span()
+        if self._sealing is None:
+            return None
+        start, end = self._sealing
+        language = self.language if self.sealed else self.options.language
+        return Job(as_float(self.audio[start * BYTES_PER_SAMPLE : end * BYTES_PER_SAMPLE]),
+                   language, [], self.options.prompt, self.options.temperature,
+                   self.options.task)
+
+    def take_piece(self, decoded: Decoded) -> None:
+        """The piece's decode: its words are final text (without those past the pause it
+        ends in); a doubtful one keeps the words the steps committed there."""
+        assert self._sealing is not None
+        start, cut = self._sealing
+        if decoded.no_speech:
+            words = [w for w in self.words if w.end * RATE <= cut]
+        else:
+            voiced = max((w.end for w in self.words if w.end * RATE <= cut), default=cut / RATE)
+            offset = start / RATE
+            words = [w for w, _ in said(
+                [(Word(w.word, w.start + offset, w.end + offset), t)
+                 for w, t in zip(decoded.words, decoded.word_tokens, strict=True)],
+                voiced, cut / RATE)]
+        self.sealed += [w for w in words if w.start * RATE < cut and
+                        w.start * RATE >= start - VOICED_SLACK_S * RATE]
+        self.sealed_end = cut
+        self._sealing = None
+
     def job(self) -> Job:
         """The audio to decode: the window (a step) or the whole segment (the final)."""
         end = len(self.audio) // BYTES_PER_SAMPLE
-        self._sealing = None if self.closing else self._seal_span()
         if self.closing:
             start = self._final_start()
             self._kept = 0
             # None: detected on the whole segment (or its first piece)
             language = self.options.language if not self.sealed else self.language
-        elif self._sealing is not None:
-            start, end = self._sealing
-            language = self.language if self.sealed else self.options.language
         else:
             start = self._window_start()
             language = self.language
         self.offset_s = start / RATE
-        return Job(as_float(self.audio[start * BYTES_PER_SAMPLE : end * BYTES_PER_SAMPLE]),
-                   language, [], self.options.prompt, self.options.temperature,
+        pcm = as_float(self.audio[start * BYTES_PER_SAMPLE : end * BYTES_PER_SAMPLE])
+        if self.closing:
+            pcm = np.concatenate([pcm, np.zeros(FINAL_PAD_SAMPLES, dtype=np.float32)])
+        return Job(pcm, language, [], self.options.prompt, self.options.temperature,
                    self.options.task)
 
     def ready(self) -> bool:
@@ -383,9 +415,6 @@ class WhisperStream:
             # Committed words stay: a doubtful decode (of the tail, or the fresh final one)
             # does not unsay what two decodes agreed on. Noise never has any.
             empty = Hypothesis("", (), self.language or "")
-            if self._sealing is not None:  # the piece keeps the words the steps committed
-                self._seal([w for w in self.words if w.end * RATE <= self._sealing[1]])
-                return
             if self.closing:
                 rest = [w for w in self.words if w.start * RATE >= self.sealed_end]
                 words = self.sealed + rest
@@ -401,17 +430,9 @@ class WhisperStream:
         if self.options.language is None and self.gate.speech_s >= LANGUAGE_FIX_S \
                 and (self.closing or self.language is None):
             self.language = decoded.language  # a final's, on a whole segment, prevails
-        voiced_s = self.gate.voiced_end / RATE
-        end_s = len(self.audio) / BYTES_PER_SAMPLE / RATE
-        if self._sealing is not None:  # a piece ends in the pause after a committed word
-            end_s = self._sealing[1] / RATE
-            voiced_s = max((w.end for w in self.words if w.end <= end_s), default=end_s)
         timed = said([(Word(w.word, w.start + self.offset_s, w.end + self.offset_s), t)
                       for w, t in zip(decoded.words, decoded.word_tokens, strict=True)],
-                     voiced_s, end_s)
-        if self._sealing is not None:
-            self._seal([w for w, _ in timed])
-            return
+                     self.gate.voiced_end / RATE, len(self.audio) / BYTES_PER_SAMPLE / RATE)
         if self.closing:  # the final follows at once; a partial may not correct the last one
             words = self.sealed + [w for w, _ in timed]
             self.hyp = Hypothesis(" ".join(w.word for w in words), tuple(words),
@@ -444,15 +465,6 @@ class WhisperStream:
         self.hyp = Hypothesis(" ".join(w.word for w in words), tuple(words), language)
         self.partial = Hypothesis(" ".join(w.word for w in self.words), tuple(self.words),
                                   language)
-
-    def _seal(self, words: list[Word]) -> None:
-        """The piece's words are final text; partials are as they were."""
-        assert self._sealing is not None
-        cut = self._sealing[1]
-        self.sealed += [w for w in words if w.start * RATE < cut]
-        self.sealed_end = cut
-        self._sealing = None
-        self.decoded = -1  # the step decoded a piece, not the news: the next one will
 
     def finish(self) -> Hypothesis:
         if self.stale or not self.closing:
@@ -616,9 +628,12 @@ class WhisperEngine:
                 stream.take(None)
         self._profile = None
         if todo:
-            for stream, decoded in zip(todo, self.decode([s.job() for s in todo]),
-                                       strict=True):
-                stream.take(decoded)
+            pieces = [(s, job) for s in todo if (job := s.piece_job()) is not None]
+            decoded = self.decode([job for _, job in pieces] + [s.job() for s in todo])
+            for (stream, _), piece in zip(pieces, decoded, strict=False):
+                stream.take_piece(piece)
+            for stream, window in zip(todo, decoded[len(pieces):], strict=True):
+                stream.take(window)
 
     # --- batch ----------------------------------------------------------------------
     def transcribe_batch(self, segments: Sequence[bytes],

@@ -492,7 +492,7 @@ class Settings:
         500, "Realtime Whisper: a word is committed (shown in partials) only if it ends "
         "this far before the end of the audio so far.", ge=0)
     whisper_commit_lag_ms: int = _s(
-        1200, "Realtime Whisper: a word that ends this far before the end of the audio so far "
+        1000, "Realtime Whisper: a word that ends this far before the end of the audio so far "
         "is committed even if two decodes did not agree on it (partials never stall while "
         "speech flows; the final corrects it). At least WHISPER_COMMIT_MARGIN_MS.",
         ge=0, le=10000)
