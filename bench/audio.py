@@ -9,6 +9,7 @@ A WAV given on the command line replaces the synthesized clip.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import wave
 from pathlib import Path
@@ -16,6 +17,12 @@ from pathlib import Path
 import numpy as np
 
 RATE = 16000
+#: the shared human recording (44 s of a person reading, its transcript beside it as
+#: ``two_cities.txt``): in ``shared/speech`` beside the checkout, or where
+#: ``LANEGATE_SHARED_SPEECH`` (a directory) says
+SHARED_SPEECH = Path(os.environ.get(
+    "LANEGATE_SHARED_SPEECH", Path(__file__).resolve().parents[2] / "shared" / "speech")
+) / "two_cities.wav"
 BYTES_PER_S = RATE * 2
 VOICE = "en-us+klatt"
 WPM = 130

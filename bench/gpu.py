@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from bench import audio
+from bench.audio import SHARED_SPEECH
 from bench.measure import dump_spec, live_specs, stream_url, window
-from bench.run import COMMON_ENV, SHARED_SPEECH
+from bench.run import COMMON_ENV
 from bench.sections import GPU
 from bench.stack import Stack, StackPlan, WorkerPlan
 from bench.verdict import RED_LINE_MS

@@ -323,8 +323,8 @@ def render(result: dict[str, Any]) -> str:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("live-quality", help="the realtime lane's text and timing on long "
                        "speech (issue 31)")
-    p.add_argument("--wav", type=Path, default=Path("../shared/speech/two_cities.wav"))
-    p.add_argument("--ref", type=Path, default=Path("../shared/speech/two_cities.txt"))
+    p.add_argument("--wav", type=Path, default=audio.SHARED_SPEECH)
+    p.add_argument("--ref", type=Path, default=audio.SHARED_SPEECH.with_suffix(".txt"))
     p.add_argument("--out", type=Path, default=Path("bench/results/live_quality"))
     p.add_argument("--workdir", type=Path, default=Path("bench/.work/live_quality"))
     p.add_argument("--espeak-s", type=float, default=40.0)

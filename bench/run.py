@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import accuracy, audio, measure, protocols
+from bench.audio import SHARED_SPEECH
 from bench.machine import Moment, perf_support
 from bench.measure import dump_spec, live_specs, stream_url, window, worker_session_url
 from bench.stack import LOGS_DIR, Stack, StackPlan, WorkerPlan
@@ -26,9 +27,6 @@ ALL_SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6")
 #: scenarios 1-3's engines: Whisper (what ``lanegate up`` starts) or pocketsphinx (for a
 #: host where Whisper cannot keep up); the simulated engine keeps 4 and 5
 ENGINES = ("whisper", "pocketsphinx")
-#: the shared human recording (44 s, with its transcript beside it): Whisper's live
-#: streams and, repeated, its flood
-SHARED_SPEECH = Path(__file__).resolve().parents[2] / "shared" / "speech" / "two_cities.wav"
 #: each engine's window lengths, streams and flood (``None`` in Options takes these)
 ENGINE_DEFAULTS: dict[str, dict[str, float]] = {
     # 4 pocketsphinx streams fill a core; scenario 1's 120 s windows keep its p99

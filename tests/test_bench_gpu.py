@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.audio import SHARED_SPEECH
 from bench.gpu import GpuOptions
-from bench.run import SHARED_SPEECH
 from bench.sections import GPU, kept
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bench.__main__ import build_parser
+from bench.audio import SHARED_SPEECH
 from bench.measure import summarize
 from bench.report import (
     markdown,
@@ -24,7 +25,7 @@ from bench.report import (
     verdict_s5,
     verdicts,
 )
-from bench.run import SHARED_SPEECH, Options, lane_plan
+from bench.run import Options, lane_plan
 from bench.stats import summary
 from bench.verdict import RED_LINE_MS, WHISPER_CPU_P99_MS, Rule
 from lanegate.settings import Settings

@@ -25,6 +25,7 @@ from openai import AsyncOpenAI
 from phrases import SENTENCE_RECALL, TALKING, TRAFFIC, recall, spoken
 from stack import Stack, start_stack
 
+from bench.audio import SHARED_SPEECH
 from gateway.audio_formats import AudioFormat
 
 KEYS = ("alpha", "beta", "gamma", "delta")
@@ -457,8 +458,6 @@ async def test_sdk_reconnect_handler_gets_a_new_session_after_the_gateway_is_los
 
 
 # --- events in audio order: the shared human recording ------------------------------------
-#: the shared human recording (44 s, its transcript beside it), where the benchmark finds it
-TWO_CITIES = Path(__file__).resolve().parents[2] / "shared" / "speech" / "two_cities.wav"
 
 
 def resampled(wav: Path, rate: int) -> bytes:
@@ -470,9 +469,9 @@ def resampled(wav: Path, rate: int) -> bytes:
 @pytest.fixture(scope="module")
 def two_cities() -> tuple[bytes, str]:
     """The shared recording at 24 kHz and its transcript."""
-    if not TWO_CITIES.exists():
-        pytest.skip(f"{TWO_CITIES} (the shared human recording) is not on this machine")
-    return resampled(TWO_CITIES, 24000), TWO_CITIES.with_suffix(".txt").read_text()
+    if not SHARED_SPEECH.exists():
+        pytest.skip(f"{SHARED_SPEECH} (the shared human recording) is not on this machine")
+    return resampled(SHARED_SPEECH, 24000), SHARED_SPEECH.with_suffix(".txt").read_text()
 
 
 async def test_speech_started_and_stopped_alternate_in_audio_order(
