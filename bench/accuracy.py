@@ -19,7 +19,7 @@ import aiohttp
 
 from bench import corpus
 from bench.audio import write_wav
-from bench.measure import stream_url, submit, wait_jobs
+from bench.measure import job_texts, stream_url, submit, wait_jobs
 from bench.stack import Stack
 from bench.wer import corpus_wer
 
@@ -127,12 +127,3 @@ async def service(stack: Stack, clips: list[corpus.Clip], work: Path,
     return {"stream": stream, "batch": batch}
 
 
-async def job_texts(stack: Stack, ids: list[str]) -> list[str]:
-    """Each job's transcript as text ("" for a job without a result)."""
-    out = []
-    async with aiohttp.ClientSession() as http:
-        for job_id in ids:
-            async with http.get(f"{stack.url}/v1/transcriptions/{job_id}",
-                                params={"format": "text"}) as r:
-                out.append(await r.text() if r.status == 200 else "")
-    return out
