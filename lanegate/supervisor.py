@@ -366,13 +366,19 @@ def realtime_children(settings: Settings, env: dict[str, str],
     shares = _split(sorted(cpus), n) if cpus and len(cpus) >= n else [cpus] * n
     children = []
     for i, share in enumerate(shares):
-        own = dict(env)
-        if settings.worker_id:
-            own["LANEGATE_WORKER_ID"] = f"{settings.worker_id}-{i}"
-        if settings.worker_port:
-            own["LANEGATE_WORKER_PORT"] = str(settings.worker_port + i)
+        own = numbered(settings, env, i)
         children.append(Child(f"worker-realtime-{i}", argv, own, cpus=share))
     return children
+
+
+def numbered(settings: Settings, env: dict[str, str], i: int) -> dict[str, str]:
+    """``env`` for the ``i``-th of several workers: its own id and port, where set."""
+    own = dict(env)
+    if settings.worker_id:
+        own["LANEGATE_WORKER_ID"] = f"{settings.worker_id}-{i}"
+    if settings.worker_port:
+        own["LANEGATE_WORKER_PORT"] = str(settings.worker_port + i)
+    return own
 
 
 def mixed_children(settings: Settings, env: dict[str, str], rt_cpus: frozenset[int] | None,
@@ -384,11 +390,7 @@ def mixed_children(settings: Settings, env: dict[str, str], rt_cpus: frozenset[i
     argv = lanegate_argv("worker", "--lane", "mixed")
     children = []
     for i, cpus in enumerate(places):
-        own = dict(env)
-        if settings.worker_id:
-            own["LANEGATE_WORKER_ID"] = f"{settings.worker_id}-{i}"
-        if settings.worker_port:
-            own["LANEGATE_WORKER_PORT"] = str(settings.worker_port + i)
+        own = numbered(settings, env, i)
         children.append(Child(f"worker-mixed-{i}", argv, own, cpus=cpus))
     return children
 
