@@ -62,18 +62,6 @@ async def stream_live(base: str, path: Path) -> Streamed:
     return Streamed(run.events)
 
 
-def repeated_phrases(reference: str, text: str, n: int = 6) -> list[str]:
-    """The ``n``-word phrases ``text`` says more often than ``reference`` does."""
-    def grams(words: list[str]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for i in range(len(words) - n + 1):
-            key = " ".join(words[i : i + n])
-            out[key] = out.get(key, 0) + 1
-        return out
-    said, once = grams(normalize(text)), grams(normalize(reference))
-    return [g for g, count in said.items() if count > max(1, once.get(g, 0))]
-
-
 def wer(reference: str, text: str) -> float:
     ref = normalize(reference)
     return edit_distance(ref, normalize(text)) / len(ref)
@@ -110,7 +98,7 @@ async def test_the_shared_recording_streams_as_well_as_it_reads(live_stack: Stac
     reference = SHARED_SPEECH.with_suffix(".txt").read_text()
     seen = await stream_live(live_stack.url, SHARED_SPEECH)
     text = seen.final_text
-    assert repeated_phrases(reference, text) == [], text
+    assert live_quality.repeated_phrases(reference, text) == [], text
     assert wer(reference, text) <= 0.06, text
 
 
