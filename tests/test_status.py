@@ -191,10 +191,10 @@ def wait_job(up: Up, job_id: str, timeout_s: float = 120) -> dict[str, Any]:
         time.sleep(0.5)
 
 
-def wait_live_session(up: Up, timeout_s: float = 60) -> None:
-    """Until the registry shows a session open on the mixed worker."""
+def wait_live_session(up: Up, sessions: int = 1, timeout_s: float = 60) -> None:
+    """Until the mixed workers report ``sessions`` sessions open."""
     deadline = time.monotonic() + timeout_s
-    while up.status()["lanes"].get("mixed", {}).get("active_sessions", 0) < 1:
+    while up.status()["lanes"].get("mixed", {}).get("active_sessions", 0) < sessions:
         assert time.monotonic() < deadline, "the live stream never opened"
         time.sleep(0.3)
 
@@ -244,13 +244,18 @@ def test_a_mixed_pool_is_told_whether_the_split_would_help(
     status_page.wait_for_selector('#verdict[data-gain="false"]', timeout=30_000)
     assert "No long upload ran" in status_page.inner_text("#verdict")
 
-    # a live stream (about 21 s: open for as long as the job takes) while a long upload
-    # is decoded in the same loop
-    live = stream(mixed, speech(LONG), speed=2.0)
+    # `--lanes mixed` runs one mixed worker in each place split uses (two here), and the
+    # gateway puts a new stream on the least loaded one: so one live stream on each worker
+    # (about 21 s: open for as long as the job takes), and whichever worker claims the
+    # long upload decodes it in the loop that carries a live stream
+    first = stream(mixed, speech(LONG), speed=2.0)
     wait_live_session(mixed)
+    second = stream(mixed, speech(LONG), speed=2.0)
+    wait_live_session(mixed, sessions=2)
     job = wait_job(mixed, upload_async(mixed, speech(LONG)))
     assert job["status"] == "completed", job
-    finish(live)
+    finish(first)
+    finish(second)
     loaded = fresh_status(mixed)
     lane = loaded["lanes"]["mixed"]
     assert lane["long_prefill_share"] > 0
