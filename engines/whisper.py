@@ -645,21 +645,31 @@ class WhisperEngine:
             check_pcm(segment)
         language = options.language or ""
         out: list[Hypothesis] = [Hypothesis("", (), language)] * len(segments)
-        order = sorted((i for i, seg in enumerate(segments) if self._has_speech(seg)),
+        gates = [self._gate(seg) for seg in segments]
+        order = sorted((i for i, gate in enumerate(gates)
+                        if gate.speech_s >= self.min_speech_s),
                        key=lambda i: len(segments[i]))
         for off in range(0, len(order), self.batch_size):
             batch = order[off : off + self.batch_size]
             jobs = [Job(as_float(segments[i])[: self.max_audio_samples], options.language,
                         [], options.prompt, options.temperature, options.task)
                     for i in batch]
-            for index, decoded in zip(batch, self.decode(jobs), strict=True):
-                out[index] = _hypothesis(decoded)
+            for index, job, decoded in zip(batch, jobs, self.decode(jobs), strict=True):
+                # the live lane's rule: a trailing run of words past the segment's last
+                # voiced audio was not said (the shared recording's first 13 s segment
+                # decoded alone ended "...incredulity. It was the epoch of incredulity.",
+                # the repeat's words all at 13.02 s with no length, its voice ends 12.84 s)
+                words = said(list(zip(decoded.words, decoded.word_tokens, strict=True)),
+                             gates[index].voiced_end / RATE, len(job.audio) / RATE)
+                out[index] = _hypothesis(Decoded(
+                    decoded.tokens, [w for w, _ in words], [t for _, t in words],
+                    decoded.language, decoded.no_speech or not words))
         return out
 
-    def _has_speech(self, segment: bytes) -> bool:
+    def _gate(self, segment: bytes) -> SpeechGate:
         gate = SpeechGate(self.vad_aggressiveness)
         gate.push(segment)
-        return gate.speech_s >= self.min_speech_s
+        return gate
 
     # --- the batched CTranslate2 calls ------------------------------------------------
     def decode(self, jobs: Sequence[Job]) -> list[Decoded]:

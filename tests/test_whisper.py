@@ -15,6 +15,8 @@ import pytest
 from conftest import read_pcm, synthesize
 from phrases import FRIENDLY, SENTENCE_RECALL, TRAFFIC, recall
 
+from bench.audio import SHARED_SPEECH
+from bench.live_quality import repeated_phrases
 from engines import DecodeOptions, NoFreeSlot, models
 from engines.base import Task
 from engines.whisper import Decoded, WhisperEngine, WhisperStream, drop_repeats
@@ -253,3 +255,20 @@ def test_a_doubtful_final_decode_keeps_the_words_two_decodes_agreed_on(
         assert stream.finish().text == ""
     finally:
         stream.close()
+
+
+@pytest.mark.skipif(not SHARED_SPEECH.exists(), reason="the shared human recording is not here")
+def test_a_batch_segment_says_its_last_sentence_once(whisper: WhisperEngine) -> None:
+    """The batch lane's first segment of the shared recording (0-13.04 s, as the VAD cut
+    it in a `lanegate transcribe`), converted by sox without dither: decoded alone,
+    Whisper said its last sentence again into the trailing silence, the repeat's words
+    all placed past the voice (with sox's dither it happens not to)."""
+    undithered = subprocess.run(
+        ["sox", str(SHARED_SPEECH), "-t", "raw", "-r", "16000", "-c", "1", "-b", "16",
+         "-e", "signed-integer", "-D", "-"], check=True, capture_output=True).stdout
+    pcm = undithered[: round(13.04 * 16000) * 2]
+    (hyp,) = whisper.transcribe_batch([pcm])
+    reference = " ".join(SHARED_SPEECH.with_suffix(".txt").read_text().split()[:36])
+    assert "epoch of incredulity" in hyp.text
+    assert repeated_phrases(reference, hyp.text) == [], hyp.text
+    assert hyp.words[-1].word.lower().startswith("incredulity"), hyp.text
