@@ -138,6 +138,12 @@ class EngineStream(Protocol):
         incremental engine; a re-decoding one's window (``last``: the step that takes the
         utterance's last chunk, its final's decode)."""
 
+    def decodes_for_good(self, last: bool = False) -> bool:
+        """The next step decodes part of the utterance for good (a re-decoding engine's
+        final, ``last``, or a finished piece of a long utterance): a long decode that
+        brings no fresher partial, which the realtime planner keeps out of the steps
+        that serve other sessions' partials. Always False for an incremental engine."""
+
     def close(self) -> None:
         """Give the slot back."""
 

@@ -135,6 +135,9 @@ class PocketsphinxStream:
     def context_samples(self, last: bool = False) -> int:
         return 0  # incremental: a step decodes only its chunk
 
+    def decodes_for_good(self, last: bool = False) -> bool:
+        return False  # incremental: every step is one chunk's
+
     def rewind(self, samples: int) -> bool:
         return False  # incremental: the audio is consumed
 

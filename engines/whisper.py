@@ -232,6 +232,8 @@ class WhisperStream:
     (every later decode judged a loop). The window's words past the committed ones
     (``past``) are the news. The final (``closing``) decodes the whole segment afresh,
     as the batch lane does, and detects the language on it when the client gave none.
+    A long segment is decoded for good in pieces at its pauses (``piece_job``), each in
+    a step that decodes nothing else of the stream (``decodes_for_good``).
     """
 
     def __init__(self, engine: WhisperEngine, options: DecodeOptions) -> None:
@@ -302,6 +304,10 @@ class WhisperStream:
         window = end - self._window_start()
         return window if span is None else max(window, span[1] - span[0])
 
+    def decodes_for_good(self, last: bool = False) -> bool:
+        """The next step decodes the final (``last``) or a piece to seal."""
+        return last or self.closing or self._seal_span() is not None
+
     def _final_start(self) -> int:
         return max(self._speech_start(), self.sealed_end)
 
@@ -352,7 +358,8 @@ class WhisperStream:
         return max(floor, start)
 
     def piece_job(self) -> Job | None:
-        """A piece to decode for good in this step beside the window (None: none due)."""
+        """A piece to decode for good in this step instead of the window (None: none
+        due); the window waits for the next step, which the planner keeps apart."""
         self._sealing = None if self.closing else self._seal_span()
         if self._sealing is None:
             return None
@@ -621,7 +628,8 @@ class WhisperEngine:
         return [stream.partial for stream in streams]
 
     def decode_streams(self, streams: Sequence[WhisperStream]) -> None:
-        """Re-decode each stream's segment; streams with too little speech get no text."""
+        """Re-decode each stream's window (or, its final, its segment); streams with too
+        little speech get no text; a stream with a piece due decodes only that piece."""
         todo = [s for s in dict.fromkeys(streams) if s.ready()]
         for stream in streams:
             if stream not in todo:
@@ -629,10 +637,12 @@ class WhisperEngine:
         self._profile = None
         if todo:
             pieces = [(s, job) for s in todo if (job := s.piece_job()) is not None]
-            decoded = self.decode([job for _, job in pieces] + [s.job() for s in todo])
+            sealing = {s for s, _ in pieces}
+            windows = [s for s in todo if s not in sealing]
+            decoded = self.decode([job for _, job in pieces] + [s.job() for s in windows])
             for (stream, _), piece in zip(pieces, decoded, strict=False):
                 stream.take_piece(piece)
-            for stream, window in zip(todo, decoded[len(pieces):], strict=True):
+            for stream, window in zip(windows, decoded[len(pieces):], strict=True):
                 stream.take(window)
 
     # --- batch ----------------------------------------------------------------------

@@ -237,13 +237,14 @@ class RealtimeSession:
 
     def candidate(self) -> Candidate:
         pending = max(0, self.decode_limit - self.cursor)
-        return Candidate(self.session_id, pending, self._oldest_pending_at(),
-                         self._context_samples(pending))
-
-    def _context_samples(self, pending: int) -> int:
-        """What a re-decoding engine decodes besides the pending audio (the step that
-        reaches a cut decodes the utterance for its final)."""
+        # the step that reaches a cut decodes the utterance for its final
         last = bool(self._cuts) and self.cursor + pending >= self._cuts[0].segment.end
+        return Candidate(self.session_id, pending, self._oldest_pending_at(),
+                         self._context_samples(last),
+                         for_good=pending > 0 and self.stream.decodes_for_good(last))
+
+    def _context_samples(self, last: bool) -> int:
+        """What a re-decoding engine decodes besides the pending audio."""
         return min(self.cursor - self._origin, self.stream.context_samples(last))
 
     def _oldest_pending_at(self) -> float:

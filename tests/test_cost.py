@@ -80,3 +80,22 @@ def test_a_long_segment_is_one_step_and_keeps_the_others_out() -> None:
     assert plan.estimated_s > LIMITS.budget_s  # a step always holds one session
     plan = plan_step([live], OldestPendingFirstQueue(), cost, LIMITS)
     assert [(c.session_id, c.samples) for c in plan.chunks] == [("live", 3200)]
+
+
+def test_a_decode_for_good_and_a_partial_never_share_a_step() -> None:
+    """A Whisper step lasts as long as its longest generation: a partial beside another
+    session's final or sealed piece would wait for it. The oldest session's kind makes
+    the step; sessions of the other kind wait for a step of their own."""
+    cost = model(frame_s=0.00001, frame2_s=0.0, token_s=0.001)  # all four fit the budget
+    final = Candidate("final", 3200, 0.0, context_samples=8 * RATE, for_good=True)
+    live = [Candidate(f"live{i}", 3200, 1.0 + i, context_samples=2 * RATE) for i in range(2)]
+    piece = Candidate("piece", 3200, 4.0, context_samples=8 * RATE, for_good=True)
+    queue = OldestPendingFirstQueue()
+    plan = plan_step([final, *live, piece], queue, cost, LIMITS)
+    assert [c.session_id for c in plan.chunks] == ["final", "piece"]
+    plan = plan_step([*live, piece], queue, cost, LIMITS)
+    assert [c.session_id for c in plan.chunks] == ["live0", "live1"]
+    frames = (2 * RATE + 3200) // 160 + 100  # the partials' step is not padded to a piece
+    assert plan.estimated_s == pytest.approx(cost.redecode_estimate_s(2, frames))
+    plan = plan_step([piece], queue, cost, LIMITS)
+    assert [c.session_id for c in plan.chunks] == ["piece"]

@@ -272,3 +272,46 @@ def test_a_batch_segment_says_its_last_sentence_once(whisper: WhisperEngine) -> 
     assert "epoch of incredulity" in hyp.text
     assert repeated_phrases(reference, hyp.text) == [], hyp.text
     assert hyp.words[-1].word.lower().startswith("incredulity"), hyp.text
+
+
+@pytest.mark.skipif(not SHARED_SPEECH.exists(), reason="the shared human recording is not here")
+def test_a_piece_is_decoded_for_good_in_a_step_of_its_own(whisper: WhisperEngine) -> None:
+    """The shared recording's first 13 s segment, streamed in 400 ms steps: once the
+    committed words reach most of a step window, the stream says its next decode is for
+    good (the planner then keeps it out of other sessions' partial steps), and that step
+    decodes the finished piece alone: one sequence, no fresher partial. The step after it
+    decodes the window again, and the final has every sentence once."""
+    undithered = subprocess.run(
+        ["sox", str(SHARED_SPEECH), "-t", "raw", "-r", "16000", "-c", "1", "-b", "16",
+         "-e", "signed-integer", "-D", "-"], check=True, capture_output=True).stdout
+    pcm = undithered[: round(13.04 * 16000) * 2]
+    stream = whisper.open_stream(DecodeOptions(language="en"))
+    assert isinstance(stream, WhisperStream)
+    try:
+        steps = chunks(pcm, 12800)
+        sealed_at = None
+        partial = ""
+        for k, chunk in enumerate(steps[:-1]):
+            for_good = stream.decodes_for_good()
+            hyp = whisper.step([(stream, chunk)])[0]
+            if for_good:
+                sealed_at = k
+                profile = whisper.last_profile()
+                assert profile is not None
+                assert profile.seqs == 1, "the piece alone"
+                assert hyp.text == partial, "a piece step brings no partial"
+                assert stream.sealed, "the piece's words are final text"
+                break
+            partial = hyp.text
+        assert sealed_at is not None, "a 13 s segment is sealed in pieces (10 s window)"
+        hyp = whisper.step([(stream, steps[sealed_at + 1])])[0]
+        assert len(hyp.text) > len(partial), "the next step decodes the window again"
+        stream.last_chunk()
+        assert stream.decodes_for_good(last=True)
+        whisper.step([(stream, b"".join(steps[sealed_at + 2 :]))])
+        final = stream.finish()
+    finally:
+        stream.close()
+    reference = " ".join(SHARED_SPEECH.with_suffix(".txt").read_text().split()[:36])
+    assert repeated_phrases(reference, final.text) == [], final.text
+    assert final.text.rstrip(".").endswith("epoch of incredulity"), final.text
