@@ -79,6 +79,7 @@ class WhisperOptions:
     peer_tail_s: float = 15.0
     rt_cpus: str = "0"
     batch_cpus: str = "1"
+    env: dict[str, str] = field(default_factory=dict)  # LANEGATE_* over the defaults
 
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -98,7 +99,8 @@ def whisper_plan(design: str, o: WhisperOptions, model: str) -> StackPlan:
     gateway and redis-server on the realtime CPUs, the batch worker alone on the batch
     CPUs; ``mixed``: a mixed worker in each of those places, the same hardware.
     ``split-nocap``: the realtime lane without the step budget's cap."""
-    env = {**COMMON_ENV, "LANEGATE_ENGINE": "whisper", "LANEGATE_WHISPER_MODEL": model}
+    env = {**COMMON_ENV, "LANEGATE_ENGINE": "whisper", "LANEGATE_WHISPER_MODEL": model,
+           **o.env}
     if design == "mixed":
         return StackPlan(design, {**env, "LANEGATE_LANES": "mixed"},
                          [WorkerPlan("mixed", o.rt_cpus), WorkerPlan("mixed", o.batch_cpus)],

@@ -12,7 +12,6 @@ a real stack (redis-server, gateway, a Whisper base realtime worker) over /v1/st
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +19,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import webrtcvad
-from dialogue import LINES, MONOLOGUE, dialogue, monologue
 from stack import Stack, start_stack
 
 from bench import live_quality
 from bench.audio import SHARED_SPEECH
+from bench.dialogue import LINES, MONOLOGUE, dialogue, monologue
 from bench.wer import edit_distance, normalize
 from engines.resample import StreamResampler
 from engines.whisper import WhisperEngine
@@ -67,18 +65,6 @@ def wer(reference: str, text: str) -> float:
     return edit_distance(ref, normalize(text)) / len(ref)
 
 
-def speech_between(pcm16k: bytes, start_ms: int, end_ms: int) -> float:
-    """Seconds of voiced 30 ms frames (webrtcvad, aggressiveness 2) in the span."""
-    vad = webrtcvad.Vad(2)
-    frame = 480 * 2
-    voiced = 0
-    for off in range(start_ms * 32 // frame * frame, end_ms * 32 - frame + 1, frame):
-        chunk = pcm16k[off : off + frame]
-        if len(chunk) == frame and vad.is_speech(chunk, 16000):
-            voiced += 1
-    return voiced * 0.03
-
-
 @pytest.fixture(scope="module")
 def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     running = start_stack(tmp_path_factory.mktemp("live-quality"), batch=False,
@@ -117,12 +103,10 @@ async def test_a_dialogue_keeps_every_line_and_partials_keep_coming(
     for line in ("do you hear me yes", "on friday"):
         assert " ".join(said).count(line) >= " ".join(script).count(line), seen.final_text
     pcm, _ = live_quality.read_audio(path)
-    marks = sorted([0] + [e["audio_end_ms"] for e in seen.of("partial")]
-                   + [f["end_ms"] for f in finals])
-    gaps = [(a, b, speech_between(pcm, a, b)) for a, b in itertools.pairwise(marks)]
-    worst = max(gaps, key=lambda g: g[2])
-    assert worst[2] <= MAX_SPEECH_GAP_S, f"no partial for {worst[2]:.2f} s of speech " \
-        f"({worst[0]}-{worst[1]} ms)"
+    worst = live_quality.longest_speech_gap(live_quality.Run(events=seen.events), pcm)
+    assert worst["speech_s"] <= MAX_SPEECH_GAP_S, \
+        f"no partial for {worst['speech_s']:.2f} s of speech " \
+        f"({worst['from_ms']}-{worst['to_ms']} ms)"
 
 
 async def test_a_long_monologue_loses_no_word_the_batch_lane_finds(
