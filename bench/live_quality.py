@@ -267,7 +267,8 @@ def batch_text(pcm: bytes, rate: int) -> str:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     o = WhisperOptions(workdir=args.workdir, rt_cpus=args.rt_cpus, batch_cpus=args.batch_cpus,
                        flood_jobs=args.flood_jobs, flood_job_s=args.flood_job_s,
-                       env=dict(args.set))
+                       env={"LANEGATE_SLOTS": str(max(args.streams + args.flood_streams) + 2),
+                            **dict(args.set)})  # a slot for every stream run at once
     model = model_dir("base")
     if model is None:
         raise SystemExit("Whisper base is not available")
