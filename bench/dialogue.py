@@ -9,13 +9,13 @@ paragraph said without a pause.
 from __future__ import annotations
 
 import hashlib
-import subprocess
 import wave
 from pathlib import Path
 
 import numpy as np
 
-RATE = 16000
+from bench.audio import RATE, espeak_wav
+
 VOICES = ("en-us+klatt", "en-us+f3")
 PAUSE_S = 0.3  # between lines: under endpoint_silence_ms (600), one segment
 WPM = 150
@@ -52,13 +52,7 @@ MONOLOGUE = (
 
 
 def _espeak(text: str, voice: str, out: Path) -> np.ndarray:
-    raw = out.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-v", voice, "-s", str(WPM), "-w", str(raw), text],
-                   check=True, capture_output=True)
-    subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out)],
-                   check=True, capture_output=True)
-    raw.unlink()
-    with wave.open(str(out)) as w:
+    with wave.open(str(espeak_wav(text, out, voice=voice, wpm=WPM))) as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
     out.unlink()
     return _trimmed(pcm)
