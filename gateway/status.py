@@ -202,7 +202,7 @@ class StatusBoard:
 
     async def _compute(self, app: web.Application) -> dict[str, Any]:
         settings = self.settings
-        workers, queue, redis_error = await _cluster(app)
+        workers, queue, redis_error = await _cluster(app, settings.status_scrape_timeout_s)
         sample, silent = await take_sample(app[HTTP], workers, settings.status_scrape_timeout_s)
         baseline = self._remember(sample)
         win = window(sample, baseline, self.started)
@@ -235,11 +235,20 @@ class StatusBoard:
         return first if first.t <= edge else None
 
 
-async def _cluster(app: web.Application) -> tuple[list[WorkerInfo], dict[str, Any], str]:
+async def _cluster(app: web.Application, timeout_s: float
+                   ) -> tuple[list[WorkerInfo], dict[str, Any], str]:
+    """The workers and the backlog, or why Redis did not give them within ``timeout_s``:
+    the gateway's client has no socket timeout (its blocking reads are legitimate), and
+    a read that never returns would hold the board's lock, and so every viewer, for good."""
     redis = app[REDIS]
     try:
-        workers = await list_workers(redis, "realtime") + await list_workers(redis, "batch")
-        queued = await backlog(redis)
+        async with asyncio.timeout(timeout_s):
+            workers = (await list_workers(redis, "realtime")
+                       + await list_workers(redis, "batch"))
+            queued = await backlog(redis)
+    except TimeoutError:
+        return [], {"depth": None, "oldest_age_s": None}, \
+            f"Redis does not answer within {timeout_s:g} s"
     except (RedisError, OSError) as exc:
         return [], {"depth": None, "oldest_age_s": None}, f"Redis does not answer: {exc}"
     return workers, {"depth": queued.depth, "oldest_age_s": round(queued.oldest_age_s(), 1)}, ""

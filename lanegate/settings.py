@@ -372,7 +372,8 @@ class Settings:
         "means a `mixed` pool would gain from the split.", gt=0
     )
     status_scrape_timeout_s: float = _s(
-        1.0, "How long the status page waits for one worker's /metrics.", gt=0
+        1.0, "How long the status page waits for one worker's /metrics, and for Redis's "
+        "worker list and job backlog.", gt=0
     )
 
     # --- batch lane ------------------------------------------------------

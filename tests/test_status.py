@@ -6,6 +6,7 @@ driven by Playwright), with a screenshot."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -13,19 +14,25 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
-from conftest import free_port
+from aiohttp import web
+from conftest import RedisServer, free_port
 from phrases import LONG, RAIN
 from stack import REPO
 
-from gateway.status import verdict
+from gateway.state import HTTP, REDIS, SETTINGS
+from gateway.status import BOARD, StatusBoard, setup_status, verdict
 from gateway.status_sources import Sample, window
+from lanegate.redis_io import redis_client
+from lanegate.settings import Settings
 
 PY = sys.executable
 CHROMIUM = "/usr/bin/chromium"
@@ -222,12 +229,37 @@ def status_page(mixed: Up) -> Iterator[Any]:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            seen: list[str] = []  # what the page asked and got, for a failure's message
+            page.on("requestfailed", lambda r: seen.append(f"{r.url} failed: {r.failure}"))
+            page.on("response", lambda r: seen.append(f"{r.url} {r.status}"))
+            page.on("console", lambda m: seen.append(f"console {m.type}: {m.text}"))
             page.goto(mixed.url + "/status")
-            page.wait_for_selector("body[data-updated]", timeout=30_000)
+            try:
+                page.wait_for_selector("body[data-updated]", timeout=30_000)
+            except sync_api.TimeoutError:
+                pytest.fail("the page never drew a status: " + why_not_drawn(
+                    page, mixed, seen + errors), pytrace=False)
             yield page
             assert errors == []
         finally:
             browser.close()
+
+
+def why_not_drawn(page: Any, up: Up, seen: list[str]) -> str:
+    """What the page shows, what it requested, how ``/status.json`` answers now, and the
+    stack's last log lines."""
+    started = time.monotonic()
+    try:
+        answer = f"answers in {time.monotonic() - started:.2f} s: " + \
+            json.dumps(up.status())[:300]
+    except OSError as exc:
+        answer = f"fails after {time.monotonic() - started:.2f} s: {exc}"
+    return "\n".join([
+        f"#verdict: {page.inner_text('#verdict')!r}; #error: {page.inner_text('#error')!r}",
+        "the page's requests, responses and console: " + "; ".join(seen),
+        f"/status.json from here {answer}",
+        "the stack's log: " + up.err.read_text()[-3000:],
+    ])
 
 
 def test_a_mixed_pool_is_told_whether_the_split_would_help(
@@ -314,3 +346,130 @@ def test_a_slow_split_pool_says_it_is_over_its_lines(
     assert (split["over_red_line"], split["over_step_budget"]) == (True, True)
     assert split["sentence"].startswith("The realtime lane is over its 300 ms red line")
     assert "the engine's step on this hardware" in split["sentence"]
+
+
+# --- a Redis that stops answering, a lost answer ----------------------------------------
+def status_app(redis_url: str, data_dir: Path, **settings: Any) -> web.Application:
+    """The gateway's status routes and their resources as the gateway makes them (a Redis
+    client without a socket timeout, one HTTP session), nothing else."""
+    app = web.Application()
+    app[SETTINGS] = Settings(redis_url=redis_url, data_dir=str(data_dir), **settings)
+
+    async def resources(app: web.Application) -> Any:
+        app[REDIS] = redis_client(redis_url, socket_timeout=None)
+        app[HTTP] = aiohttp.ClientSession()
+        yield
+        await app[HTTP].close()
+        await app[REDIS].aclose()
+
+    app.cleanup_ctx.append(resources)
+    setup_status(app)
+    return app
+
+
+async def test_the_status_answers_while_redis_does_not(redis_server: RedisServer,
+                                                        tmp_path: Path) -> None:
+    """A stopped Redis (SIGSTOP: connections accepted, nothing answered) costs a viewer
+    the scrape bound, says so, and holds no one after it; the answers line up again
+    once Redis is back."""
+    app = status_app(redis_server.url, tmp_path, status_sample_s=0,
+                     status_scrape_timeout_s=0.5)
+    runner = web.AppRunner(app)
+    await runner.setup()  # runs the cleanup context: the Redis client, the HTTP session
+    try:
+        board: StatusBoard = app[BOARD]
+        first = await board.status(app)
+        assert (first["redis_error"], first["queue"]["depth"]) == ("", 0)
+        assert redis_server.proc is not None
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            stopped = await asyncio.wait_for(board.status(app), 10)
+            waited = time.monotonic() - started
+            # the lock is free: the next viewer is not queued behind a read that hangs
+            second = await asyncio.wait_for(board.status(app), 10)
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        assert stopped["redis_error"] == "Redis does not answer within 0.5 s"
+        assert stopped["queue"]["depth"] is None
+        assert stopped["lanes"] == {}
+        assert waited < 5, waited
+        assert second["redis_error"] == stopped["redis_error"]
+        # a read cut off mid-reply must not leave its reply for the next command
+        await app[REDIS].set("status-test", "answered")
+        assert await app[REDIS].get("status-test") == b"answered"
+        back = await board.status(app)
+        assert (back["redis_error"], back["queue"]["depth"]) == ("", 0)
+    finally:
+        await runner.cleanup()
+
+
+class Served:
+    """``app`` on a loopback port, on its own loop in a thread (Playwright's sync API
+    wants the test's thread for itself)."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app, shutdown_timeout=1)
+        ready = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", self.port)
+            self.loop.run_until_complete(site.start())
+            ready.set()
+            self.loop.run_forever()
+            self.loop.run_until_complete(self.runner.cleanup())
+            self.loop.close()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        assert ready.wait(30), "the test server did not start"
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+def test_the_page_asks_again_when_an_answer_is_lost(redis_server: RedisServer,
+                                                     tmp_path: Path) -> None:
+    """The gateway's own status routes, whose first ``/status.json`` never gets an answer
+    (a response lost on the way): the page drops it and draws from the next one."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} missing (apt-get install chromium)")
+    asked: list[float] = []
+    release = asyncio.Event()
+
+    @web.middleware
+    async def lose_the_first_answer(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/status.json":
+            asked.append(time.monotonic())
+            if len(asked) == 1:
+                await release.wait()
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    app = status_app(redis_server.url, tmp_path)
+    app.middlewares.append(lose_the_first_answer)
+    served = Served(app)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(served.url + "/status")
+                page.wait_for_selector("body[data-updated]", timeout=30_000)
+                assert page.inner_text("#error") == ""
+                assert "No worker is registered." in page.inner_text("#lanes")
+            finally:
+                browser.close()
+    finally:
+        served.loop.call_soon_threadsafe(release.set)
+        served.stop()
+    assert len(asked) >= 2, asked
+    # dropped after the page's 10 s, asked again 2 s later
+    assert 10 <= asked[1] - asked[0] < 20, asked

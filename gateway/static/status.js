@@ -172,10 +172,16 @@ function render(status) {
   document.body.setAttribute("data-updated", String(status.time));
 }
 
+// A request that gets no answer in this long is dropped and tried again: one lost
+// response (a restarting gateway, a proxy that drops the connection) must not stop
+// the page for good.
+const FETCH_TIMEOUT_MS = 10000;
+
 async function poll() {
   let delay = 2;
   try {
-    const resp = await fetch("/status.json", { cache: "no-store" });
+    const resp = await fetch("/status.json", { cache: "no-store",
+                                               signal: AbortSignal.timeout(FETCH_TIMEOUT_MS) });
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
     const status = await resp.json();
     delay = status.poll_s;
