@@ -902,6 +902,10 @@ def trade_sentence(doc: dict[str, Any]) -> str:
     (sr, mr), (sg, mg) = fig(partials_per_stream_s), fig(longest_wait)
     if sp is None or mp is None or sb is None or mb is None:
         return ""
+    sbs, mbs = ([v for w in ws if (v := batch_rate(w, k)) is not None]
+                for k in ("s1_split", "s1_mixed"))
+    # batch figures whose rounds overlap are one figure: which median is higher is noise
+    same_batch = min(sbs) <= max(mbs) and min(mbs) <= max(sbs)
     stalls = sum(stalled_streams(w, "s1_mixed") or 0 for w in ws)
     notes = []
     if stalls:
@@ -913,11 +917,20 @@ def trade_sentence(doc: dict[str, Any]) -> str:
     if mp < sp and starved:
         wait = (f" and waited up to {_g(mg)} ms for one (split: {_g(sg)} ms)"
                 if sg is not None and mg is not None and mg > sg else "")
-        notes.append(f"`mixed`'s lower p99 ({_g(mp)} against {_g(sp)} ms) is over the few "
-                     f"partials it sent{wait}.")
+        few = "the few partials" if mr is not None and sr is not None and mr < sr / 2 \
+            else f"the partials ({_g(mr)} per stream-second)"
+        notes.append(f"`mixed`'s lower p99 ({_g(mp)} against {_g(sp)} ms) is over {few} "
+                     f"it sent{wait}.")
     tail = "".join(" " + n for n in notes)
     live = (f"live partial p99 {_g(sp)} ms against {_g(mp)} ms" if sp <= mp else
             f"its live streams got {_g(sr)} partials per stream-second against {_g(mr)}")
+    if live_split and same_batch:
+        return (f"`split` is ahead on live latency here ({live}) at the same batch "
+                f"throughput within the rounds' spread ({_g(sb)} ({_g(min(sbs))}–"
+                f"{_g(max(sbs))}) against {_g(mb)} ({_g(min(mbs))}–{_g(max(mbs))}) batch "
+                "audio s per wall s): the second CPU on which `mixed` also decodes uploads "
+                "bought no batch throughput the rounds can tell apart, and its live "
+                "streams paid for the batch calls they waited out." + tail)
     if live_split and sb >= mb:
         return (f"`split` wins on both sides here: {live}, and {_g(sb)} batch audio s per "
                 f"wall s against {_g(mb)}. Why both: a mixed worker decodes a whole batch of "

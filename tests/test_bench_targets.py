@@ -195,6 +195,27 @@ def test_a_quick_p99_over_a_few_partials_is_not_ahead_on_live_latency() -> None:
     assert trade_sentence(_doc(even)).startswith("`mixed` is ahead on live latency here")
 
 
+def test_batch_figures_within_the_rounds_spread_are_the_same_not_a_win() -> None:
+    # the full run of 6 December: split 20.4 (19.3-20.4), mixed 20.3 (20.2-20.3), and
+    # mixed's worst stream waited 39.5 s for a partial where split's waited 4.6 s
+    def waited(window: dict[str, Any], ms: float) -> dict[str, Any]:
+        return {**window, "longest_wait_ms": {"max": ms}}
+
+    rounds = [{"s1_split": waited(_flood(360.0, 235, b), 4600.0),
+               "s1_mixed": waited(_flood(300.0, 133, m), 39500.0)}
+              for b, m in ((20.4, 20.3), (19.3, 20.2), (20.4, 20.3))]
+    sentence = trade_sentence(_doc(rounds))
+    assert sentence.startswith("`split` is ahead on live latency here (its live streams got "
+                               "1.96 partials per stream-second against 1.11) at the same "
+                               "batch throughput within the rounds' spread (20.4 (19.3–20.4) "
+                               "against 20.3 (20.2–20.3)")
+    assert "wins on both sides" not in sentence
+    apart = [{"s1_split": waited(_flood(360.0, 235, b), 4600.0),
+              "s1_mixed": waited(_flood(300.0, 133, m), 39500.0)}
+             for b, m in ((20.4, 20.3), (20.5, 20.2), (20.6, 20.3))]
+    assert trade_sentence(_doc(apart)).startswith("`split` wins on both sides")
+
+
 def test_each_streams_longest_wait_for_a_partial_is_measured() -> None:
     steady = (2.0, 46.0)
     out = summarize([_stream([3.0, 4.0, 30.0]), _stream([10.0, 40.0])], steady)
