@@ -66,6 +66,15 @@ def positive_int(raw: str) -> int:
     return n
 
 
+def out_folder(raw: str) -> Path:
+    """``--out``: a folder; ``--out x.json`` made a folder named x.json."""
+    path = Path(raw)
+    if path.suffix.lower() == ".json" or path.is_file():
+        raise argparse.ArgumentTypeError(
+            f"{raw!r}: give a folder; results.json and the plots are written into it")
+    return path
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench")
     sub = p.add_subparsers(dest="command", required=True)
@@ -73,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = Options()
     r.add_argument("--scenarios", type=parse_scenarios, default=ALL_SCENARIOS,
                    help="all, or a comma list of s1..s6")
-    r.add_argument("--out", type=Path, default=d.out)
+    r.add_argument("--out", type=out_folder, default=d.out,
+                   help=f"the folder for results.json and the plots (default {d.out})")
     r.add_argument("--workdir", type=Path, default=d.workdir)
     r.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
     r.add_argument("--rounds", type=positive_int, default=d.rounds,

@@ -312,6 +312,21 @@ def test_whisper_is_the_default_engine_with_the_shared_recording() -> None:
         build_parser().parse_args(["run", "--engine", "vosk"])
 
 
+def test_out_is_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--out /tmp/run/results.json` made a folder named results.json holding results.json
+    for bad in (str(tmp_path / "results.json"), str(tmp_path / "x.JSON")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", "--out", bad])
+        assert "give a folder; results.json and the plots are written into it" in \
+            capsys.readouterr().err
+    existing = tmp_path / "notes"
+    existing.write_text("")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--out", str(existing)])
+    assert build_parser().parse_args(["run", "--out", str(tmp_path / "run1")]).out == \
+        tmp_path / "run1"
+
+
 def test_the_live_limit_follows_the_engine() -> None:
     rounds = [{"s1_alone": _flood(900.0, 200, 0.0), "s1_split": _flood(1000.0, 168, 14.0)}]
     assert verdicts(_doc(rounds))["s1"]["verdict"] == "met"  # Whisper on a CPU: 1500 ms
