@@ -279,8 +279,8 @@ def test_a_piece_is_decoded_for_good_in_a_step_of_its_own(whisper: WhisperEngine
     """The shared recording's first 13 s segment, streamed in 400 ms steps: once the
     committed words reach most of a step window, the stream says its next decode is for
     good (the planner then keeps it out of other sessions' partial steps), and that step
-    decodes the finished piece alone: one sequence, no fresher partial. The step after it
-    decodes the window again, and the final has every sentence once."""
+    decodes the finished piece alone: one sequence, no fresher partial. The steps after it
+    decode the window again, and the final has every sentence once."""
     undithered = subprocess.run(
         ["sox", str(SHARED_SPEECH), "-t", "raw", "-r", "16000", "-c", "1", "-b", "16",
          "-e", "signed-integer", "-D", "-"], check=True, capture_output=True).stdout
@@ -304,11 +304,23 @@ def test_a_piece_is_decoded_for_good_in_a_step_of_its_own(whisper: WhisperEngine
                 break
             partial = hyp.text
         assert sealed_at is not None, "a 13 s segment is sealed in pieces (10 s window)"
-        hyp = whisper.step([(stream, steps[sealed_at + 1])])[0]
-        assert len(hyp.text) > len(partial), "the next step decodes the window again"
+        # The steps after it decode the window again: the text grows past the piece within
+        # 1.2 s of audio. Not necessarily in the very next step: where the piece is sealed
+        # moves with the CPU's int8 kernels (9.2 s on a Xeon, where 9.2-9.6 s holds only
+        # the pause before "It was the epoch of belief"), and a step that hears no word
+        # yet has nothing to add.
+        grown = None
+        for k in range(sealed_at + 1, min(sealed_at + 4, len(steps) - 1)):
+            if stream.decodes_for_good():
+                whisper.step([(stream, steps[k])])
+                continue
+            if len(whisper.step([(stream, steps[k])])[0].text) > len(partial):
+                grown = k
+                break
+        assert grown is not None, "the steps after the piece decode the window again"
         stream.last_chunk()
         assert stream.decodes_for_good(last=True)
-        whisper.step([(stream, b"".join(steps[sealed_at + 2 :]))])
+        whisper.step([(stream, b"".join(steps[grown + 1 :]))])
         final = stream.finish()
     finally:
         stream.close()
