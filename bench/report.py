@@ -911,15 +911,14 @@ def trade_sentence(doc: dict[str, Any]) -> str:
     if stalls:
         notes.append(f"In `mixed`, {stalls} stream-window(s) got no partial at all: each "
                      "is counted at the window's length, its worst figure, not left out.")
-    starved = (sr is not None and mr is not None and mr < sr / 2) or \
-        (sg is not None and mg is not None and mg > sg)
+    few = sr is not None and mr is not None and mr < sr / 2  # under half split's partials
+    starved = few or (sg is not None and mg is not None and mg > sg)
     live_split = sp <= mp or starved
     if mp < sp and starved:
         wait = (f" and waited up to {_g(mg)} ms for one (split: {_g(sg)} ms)"
                 if sg is not None and mg is not None and mg > sg else "")
-        few = "the few partials" if mr is not None and sr is not None and mr < sr / 2 \
-            else f"the partials ({_g(mr)} per stream-second)"
-        notes.append(f"`mixed`'s lower p99 ({_g(mp)} against {_g(sp)} ms) is over {few} "
+        sent = "the few partials" if few else f"the partials ({_g(mr)} per stream-second)"
+        notes.append(f"`mixed`'s lower p99 ({_g(mp)} against {_g(sp)} ms) is over {sent} "
                      f"it sent{wait}.")
     tail = "".join(" " + n for n in notes)
     live = (f"live partial p99 {_g(sp)} ms against {_g(mp)} ms" if sp <= mp else

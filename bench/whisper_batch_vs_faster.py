@@ -34,6 +34,13 @@ from vad import segment_pcm
 BATCH_SIZE = 8
 
 
+def batch_lane_engine(model: str, threads: int) -> WhisperEngine:
+    """The batch lane's engine with ``threads`` threads and batches of ``BATCH_SIZE``."""
+    return WhisperEngine(Settings(data_dir=tempfile.mkdtemp(), cpu_threads=threads,
+                                  whisper_model=model, whisper_batch_size=BATCH_SIZE),
+                         slots=1)
+
+
 def measure(path: str, reference: str | None = None,
             model: str = "base") -> dict[str, Any]:
     """Both sides' wall time, audio seconds per wall second, words and WER."""
@@ -41,9 +48,7 @@ def measure(path: str, reference: str | None = None,
         pcm = w.readframes(w.getnframes())
     duration = len(pcm) / 32000
     threads = len(os.sched_getaffinity(0))
-    engine = WhisperEngine(Settings(data_dir=tempfile.mkdtemp(), cpu_threads=threads,
-                                    whisper_model=model, whisper_batch_size=BATCH_SIZE),
-                           slots=1)
+    engine = batch_lane_engine(model, threads)
     started = time.perf_counter()
     segments = [pcm[s.start * 2 : s.end * 2] for s in segment_pcm(pcm)]
     hyps = engine.transcribe_batch(segments)

@@ -311,9 +311,6 @@ def test_a_piece_is_decoded_for_good_in_a_step_of_its_own(whisper: WhisperEngine
         # yet has nothing to add.
         grown = None
         for k in range(sealed_at + 1, min(sealed_at + 4, len(steps) - 1)):
-            if stream.decodes_for_good():
-                whisper.step([(stream, steps[k])])
-                continue
             if len(whisper.step([(stream, steps[k])])[0].text) > len(partial):
                 grown = k
                 break
