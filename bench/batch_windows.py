@@ -1,20 +1,18 @@
-"""The batch lane's WER against the span of audio one Whisper call sees.
+"""The batch lane's WER and throughput against the span of audio one Whisper call sees.
 
     taskset -c 1 python -m bench.batch_windows RECORDING.wav REFERENCE.txt \\
         [--repeat 10] [--spans 0,20,22,25,28,29.9] [--out bench/results/batch_windows.json]
 
-Scenario 3 misses on WER: the batch lane decodes each webrtcvad segment (a sentence,
-at most 25 s) on its own, faster-whisper's ``BatchedInferencePipeline`` merges its
-VAD's speech into windows of up to 30 s first, and a sentence decoded alone loses the
-words around it ("spring" heard as "string" in most repeats of the shared recording).
-This measures the batch lane's own call, ``WhisperEngine.transcribe_batch`` (batch 8,
+A sentence decoded alone loses the words around it ("spring" heard as "string" in
+most repeats of the shared recording), so the batch lane joins consecutive webrtcvad
+segments into decode windows of up to ``batch_window_s`` (25 s), as faster-whisper's
+``BatchedInferencePipeline`` joins its VAD's speech into windows of up to 30 s. This
+sweeps that length on the batch lane's own call, ``WhisperEngine.transcribe_batch`` (batch 8,
 the bundled model, as many threads as the CPUs this process may run on), on the
-recording repeated ``--repeat`` times, with its VAD segments merged greedily into
-windows of at most L seconds (``merge_spans``: consecutive segments, the pauses between
-them included) for each L of ``--spans`` (0: the segments as the batch lane cuts them
-today): windows, audio seconds per wall second and WER, one line each as it goes, all
-of them in ``--out``. It is an experiment, not the product: the batch lane still
-decodes the segments one by one (``docs/ARCHITECTURE.md``, Batch lane).
+recording repeated ``--repeat`` times, with its VAD segments joined into windows of at
+most L seconds (``vad.decode_windows``, as the batch lane joins them) for each L of
+``--spans`` (0: each segment alone): windows, audio seconds per wall second and WER,
+one line each as it goes, all of them in ``--out``.
 """
 
 from __future__ import annotations
@@ -31,23 +29,7 @@ from bench.audio import RATE, read_wav
 from bench.wer import corpus_wer
 from bench.whisper_batch_vs_faster import BATCH_SIZE, batch_lane_engine
 from lanegate.constants import SAMPLE_WIDTH
-from vad import segment_pcm
-
-
-def merge_spans(spans: Sequence[tuple[int, int]], max_len: int) -> list[tuple[int, int]]:
-    """Consecutive ``[start, end)`` spans joined while a window stays at most ``max_len``
-    long from its first start to its last end (the gaps between them included); a span
-    longer than ``max_len`` on its own stays a window of its own. ``max_len <= 0``: the
-    spans as given."""
-    out: list[tuple[int, int]] = []
-    for start, end in spans:
-        if end < start or (out and start < out[-1][1]):
-            raise ValueError(f"spans must be ordered and not overlap: ({start}, {end})")
-        if out and max_len > 0 and end - out[-1][0] <= max_len:
-            out[-1] = (out[-1][0], end)
-        else:
-            out.append((start, end))
-    return out
+from vad import decode_windows, segment_pcm
 
 
 def measure(pcm: bytes, reference: str, spans_s: Sequence[float],
@@ -55,17 +37,17 @@ def measure(pcm: bytes, reference: str, spans_s: Sequence[float],
     """One row per span: windows, their longest, wall time, throughput, words, WER."""
     engine = batch_lane_engine(model, len(os.sched_getaffinity(0)))
     duration = len(pcm) / SAMPLE_WIDTH / RATE
-    segments = [(s.start, s.end) for s in segment_pcm(pcm)]
+    segments = segment_pcm(pcm)
     rows: list[dict[str, Any]] = []
     for span_s in spans_s:
-        windows = merge_spans(segments, int(span_s * RATE))
+        windows = decode_windows(segments, round(span_s * RATE))
         started = time.perf_counter()
-        hyps = engine.transcribe_batch([pcm[a * SAMPLE_WIDTH : b * SAMPLE_WIDTH]
-                                        for a, b in windows])
+        hyps = engine.transcribe_batch([pcm[w.start * SAMPLE_WIDTH : w.end * SAMPLE_WIDTH]
+                                        for w in windows])
         wall = time.perf_counter() - started
         rows.append({
             "span_s": span_s, "windows": len(windows),
-            "longest_window_s": round(max(b - a for a, b in windows) / RATE, 2),
+            "longest_window_s": round(max(w.length for w in windows) / RATE, 2),
             "wall_s": round(wall, 3), "audio_s_per_wall_s": round(duration / wall, 2),
             "words": sum(len(h.words) for h in hyps),
             "wer": corpus_wer([(reference, " ".join(h.text for h in hyps))]),

@@ -249,18 +249,20 @@ def timing(runs: list[Run]) -> dict[str, Any]:
 
 
 def batch_text(pcm: bytes, rate: int) -> str:
-    """The batch lane's decode of the same audio: its VAD segments, ``transcribe_batch``."""
+    """The batch lane's decode of the same audio: its decode windows (VAD segments
+    joined up to ``batch_window_s``), ``transcribe_batch``."""
     from engines.resample import StreamResampler
     from engines.whisper import WhisperEngine
     from lanegate.settings import Settings
-    from vad import VadSettings, segment_pcm
+    from lanes.job_audio import pcm_windows
+    from vad import VadSettings
 
     resampler = StreamResampler(rate, audio.RATE)
     pcm16k = resampler.push(pcm) + resampler.flush()
     settings = Settings()
     engine = WhisperEngine(settings, slots=1)
-    segments = segment_pcm(pcm16k, VadSettings.from_settings(settings))
-    hyps = engine.transcribe_batch([pcm16k[s.start * 2 : s.end * 2] for s in segments])
+    hyps = engine.transcribe_batch(pcm_windows(pcm16k, VadSettings.from_settings(settings),
+                                               settings.batch_window_s))
     return " ".join(h.text for h in hyps if h.text)
 
 

@@ -798,7 +798,7 @@ def whisper_ceiling_lines(ceil: list[dict[str, Any]]) -> list[str]:
             f"`BatchedInferencePipeline` **{_sp(spread([f['audio_s_per_wall_s'] for f in fw]))}"
             f" audio s per wall s**, WER {_sp(spread([f['wer'] for f in fw]))}, "
             f"{_sp(spread([f['words'] for f in fw]))} words; lanegate's own batch call "
-            f"outside the service (`WhisperEngine.transcribe_batch` on its VAD segments) "
+            f"outside the service (`WhisperEngine.transcribe_batch` on its decode windows) "
             f"{_sp(spread([r['audio_s_per_wall_s'] for r in raw]))} audio s per wall s, "
             f"WER {_sp(spread([r['wer'] for r in raw]))}, "
             f"{_sp(spread([r['words'] for r in raw]))} words."]

@@ -3,7 +3,8 @@ on the same recording, model, compute type and threads.
 
     taskset -c 1 python -m bench.whisper_batch_vs_faster RECORDING.wav [REFERENCE.txt] [--json]
 
-lanegate: its VAD segments (at most 25 s) through ``WhisperEngine.transcribe_batch``;
+lanegate: its decode windows (VAD segments joined up to ``batch_window_s``, 25 s) through
+``WhisperEngine.transcribe_batch``, as a batch job's audio is decoded;
 faster-whisper: ``BatchedInferencePipeline.transcribe`` (its Silero VAD), batch size 8,
 greedy, word timestamps, language given, both in this process one after the other,
 each with as many threads as the CPUs this process may run on (as the batch worker's
@@ -28,7 +29,8 @@ from faster_whisper import BatchedInferencePipeline, WhisperModel
 from bench.wer import corpus_wer
 from engines.whisper import WhisperEngine
 from lanegate.settings import Settings
-from vad import segment_pcm
+from lanes.job_audio import pcm_windows
+from vad import VadSettings
 
 #: faster-whisper's batch size, the batch lane's default ``whisper_batch_size`` too
 BATCH_SIZE = 8
@@ -50,8 +52,9 @@ def measure(path: str, reference: str | None = None,
     threads = len(os.sched_getaffinity(0))
     engine = batch_lane_engine(model, threads)
     started = time.perf_counter()
-    segments = [pcm[s.start * 2 : s.end * 2] for s in segment_pcm(pcm)]
-    hyps = engine.transcribe_batch(segments)
+    settings = Settings()
+    windows = pcm_windows(pcm, VadSettings.from_settings(settings), settings.batch_window_s)
+    hyps = engine.transcribe_batch(windows)
     ours = time.perf_counter() - started
     our_text = " ".join(h.text for h in hyps)
     fw = WhisperModel(str(engine.model_dir), device="cpu", compute_type=engine.compute_type,

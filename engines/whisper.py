@@ -217,6 +217,10 @@ class Job:
     prompt: str = ""
     temperature: float = 0.0
     task: Task = Task.TRANSCRIBE
+    #: generate Whisper's timestamp tokens (the live lane's steps place their prefix and
+    #: cut repeats with them); False: text only, as faster-whisper's batched pipeline
+    #: decodes a window (words are timed by alignment either way)
+    timestamps: bool = True
 
 
 class WhisperStream:
@@ -649,7 +653,9 @@ class WhisperEngine:
     def transcribe_batch(self, segments: Sequence[bytes],
                          options: DecodeOptions = DEFAULT_OPTIONS) -> list[Hypothesis]:
         """Segments in batches of ``whisper_batch_size``, shortest-first so that a batch
-        pads little; results in the order given."""
+        pads little, each decoded as text only (no timestamp tokens: on the shared
+        recording's 25 s windows that decoded every word right, where the timestamped
+        decode heard "the season" as "a season"); results in the order given."""
         options = self._checked(options)
         for segment in segments:
             check_pcm(segment)
@@ -662,7 +668,8 @@ class WhisperEngine:
         for off in range(0, len(order), self.batch_size):
             batch = order[off : off + self.batch_size]
             jobs = [Job(as_float(segments[i])[: self.max_audio_samples], options.language,
-                        [], options.prompt, options.temperature, options.task)
+                        [], options.prompt, options.temperature, options.task,
+                        timestamps=False)
                     for i in batch]
             for index, job, decoded in zip(batch, jobs, self.decode(jobs), strict=True):
                 # the live lane's rule: a trailing run of words past the segment's last
@@ -727,7 +734,9 @@ class WhisperEngine:
         if job.prompt:
             prompt += [tok.sot_prev, *tok.encode(" " + job.prompt.strip())[-PROMPT_TOKENS:]]
         prompt += list(tok.sot_sequence)
-        if job.prefix:
+        if not job.timestamps:
+            prompt.append(tok.no_timestamps)
+        elif job.prefix:
             prompt += [tok.timestamp_begin, *job.prefix]
         return prompt
 

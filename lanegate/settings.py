@@ -385,6 +385,12 @@ class Settings:
     max_upload_bytes: int = _s(512 * 1024 * 1024, "Largest upload accepted (413).", ge=1)
     max_audio_seconds: float = _s(4 * 3600.0, "Longest upload accepted (422).", gt=0)
     batch_max_audio_s: float = _s(120.0, "Most audio in one batch-engine call across jobs.", gt=0)
+    batch_window_s: float = _s(
+        25.0, "Batch lane: consecutive VAD segments joined into one decode window up to "
+        "this long, pauses included (Whisper hears 30 s at a time, and a sentence decoded "
+        "alone loses the words around it); the transcript keeps one cue per segment. "
+        "0: each segment alone.", ge=0, le=30
+    )
     claim_idle_s: float = _s(60.0, "A job entry idle this long in a dead worker is reclaimed.",
                              gt=0)
     max_attempts: int = _s(3, "Deliveries of a job before it goes to the dead-letter stream.", ge=1)

@@ -1,5 +1,6 @@
-"""Batching a batch worker's held jobs: the oldest jobs' next segments, across
-jobs, up to an audio budget (pure: no I/O, like ``lanes.scheduler``)."""
+"""Batching a batch worker's held jobs: the oldest jobs' next decode windows (VAD
+segments joined, ``vad.windows``), across jobs, up to an audio budget (pure: no I/O,
+like ``lanes.scheduler``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from lanegate.constants import ENGINE_SAMPLE_RATE
 from lanegate.transcript import Segment
 from lanes.job_protocol import Delivery
 from lanes.session import decode_options
-from vad import SegmentEnded
+from vad import Window
 
 
 @dataclass(eq=False)
@@ -23,22 +24,23 @@ class HeldJob:
     attempt: int
     language: str
     path: Path
-    segments: list[SegmentEnded]
+    windows: list[Window]
     total_samples: int
     claimed_at: float  # time.monotonic()
     #: decoded alone, after every other held job (its last attempt failed, or it was in a
     #: batch that failed): a bad job is then charged alone
     isolated: bool = False
-    dispatched: int = 0  # segments handed to a batch
-    results: list[Segment] = field(default_factory=list)
-    detected: list[str] = field(default_factory=list)  # the engine's language per segment
+    dispatched: int = 0  # windows handed to a batch
+    #: each decoded window's cues (one per VAD segment), in window order
+    results: list[tuple[Segment, ...]] = field(default_factory=list)
+    detected: list[str] = field(default_factory=list)  # the engine's language per window
     prompt: str = ""  # the decoder's initial prompt
     temperature: float | None = None  # None: the engine's default
     task: Task = Task.TRANSCRIBE  # TRANSLATE: English text (Whisper's translate task)
 
     @property
     def options(self) -> DecodeOptions:
-        """The decoder options its segments are decoded with ("" language: detected)."""
+        """The decoder options its windows are decoded with ("" language: detected)."""
         return decode_options(self.language, self.prompt, self.temperature, self.task)
 
     @property
@@ -55,24 +57,29 @@ class HeldJob:
 
     @property
     def ready(self) -> bool:
-        return len(self.results) == len(self.segments)
+        return len(self.results) == len(self.windows)
 
     @property
     def remaining_s(self) -> float:
-        left = sum(s.length for s in self.segments[self.dispatched:])
+        left = sum(w.length for w in self.windows[self.dispatched:])
         return left / ENGINE_SAMPLE_RATE
 
     @property
     def progress(self) -> float:
         if not self.results or self.total_samples <= 0:
             return 0.0
-        done = self.segments[len(self.results) - 1].end
+        done = self.windows[len(self.results) - 1].end
         return min(1.0, done / self.total_samples)
 
     @property
     def text_so_far(self) -> str:
-        """The decoded segments' text, in order (results land in segment order)."""
-        return " ".join(s.text for s in self.results if s.text)
+        """The decoded cues' text, in order (results land in window order)."""
+        return " ".join(s.text for s in self.cues if s.text)
+
+    @property
+    def cues(self) -> list[Segment]:
+        """Every decoded window's cues, in order."""
+        return [cue for cues in self.results for cue in cues]
 
     @property
     def audio_s(self) -> float:
@@ -84,16 +91,16 @@ Batch = list[tuple[HeldJob, int]]
 
 
 def next_batch(held: Iterable[HeldJob], budget_samples: float) -> Batch:
-    """The oldest held jobs' next segments, up to ``budget_samples`` (at least one);
-    each is marked dispatched. Isolated jobs wait until no other job has segments
+    """The oldest held jobs' next windows, up to ``budget_samples`` (at least one);
+    each is marked dispatched. Isolated jobs wait until no other job has windows
     left, then go one job per batch."""
-    waiting = [job for job in held if job.dispatched < len(job.segments)]
+    waiting = [job for job in held if job.dispatched < len(job.windows)]
     pool = [job for job in waiting if not job.isolated] or waiting[:1]
     batch: Batch = []
     used = 0
     for job in pool:
-        while job.dispatched < len(job.segments):
-            length = job.segments[job.dispatched].length
+        while job.dispatched < len(job.windows):
+            length = job.windows[job.dispatched].length
             if batch and used + length > budget_samples:
                 return batch
             batch.append((job, job.dispatched))

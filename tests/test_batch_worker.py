@@ -35,7 +35,7 @@ from lanegate.blobs import new_id
 from lanegate.constants import DEAD_LETTER_STREAM, JOB_GROUP, JOB_STREAM, RESULT_KEY
 from lanegate.redis_io import redis_client
 from lanegate.settings import Settings
-from lanes.job_audio import audio_path, load_segments, read_segment
+from lanes.job_audio import audio_path, load_windows, read_segment
 from lanes.job_protocol import Job
 from lanes.jobs import JobStore
 from lanes.registry import list_workers
@@ -549,10 +549,11 @@ INNOCENT_S, POISON_AT_S = 12, 40
 
 
 def decoded_words(env: Env, job_id: str) -> set[str]:
-    """Every word the simulated engine says for the job's segments, as a worker cuts them."""
+    """Every word the simulated engine says for the job's windows, as a worker cuts them."""
     path = audio_path(env.store.blobs, job_id)
-    segments, _ = load_segments(path, VadSettings.from_settings(env.settings))
-    return {w.word for seg in segments for w in words_of(read_segment(path, seg))}
+    windows, _ = load_windows(path, VadSettings.from_settings(env.settings),
+                              env.settings.batch_window_s)
+    return {w.word for win in windows for w in words_of(read_segment(path, win))}
 
 
 async def submit_with_poison(env: Env, pcm: bytes) -> tuple[list[str], str, str]:

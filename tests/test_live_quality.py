@@ -7,7 +7,7 @@ a real stack (redis-server, gateway, a Whisper base realtime worker) over /v1/st
   than the max-window cut: every line in the finals, repeats included, and partials never
   stop for more than ``MAX_SPEECH_GAP_S`` of speech;
 * a monologue without pauses (cut at the max window): the finals lose no word that the
-  batch lane's decode of the same audio (its VAD segments, ``transcribe_batch``) finds.
+  batch lane's decode of the same audio (its decode windows, ``transcribe_batch``) finds.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from bench.wer import edit_distance, normalize
 from engines.resample import StreamResampler
 from engines.whisper import WhisperEngine
 from lanegate.settings import Settings
-from vad import VadSettings, segment_pcm
+from lanes.job_audio import pcm_windows
+from vad import VadSettings
 
 pytestmark = pytest.mark.slow
 
@@ -118,9 +119,9 @@ async def test_a_long_monologue_loses_no_word_the_batch_lane_finds(
     pcm, rate = live_quality.read_audio(path)
     resampler = StreamResampler(rate, 16000)
     pcm16k = resampler.push(pcm) + resampler.flush()
-    segments = segment_pcm(pcm16k, VadSettings.from_settings(Settings()))
+    settings = Settings()
     batch = " ".join(h.text for h in whisper.transcribe_batch(
-        [pcm16k[s.start * 2 : s.end * 2] for s in segments]))
+        pcm_windows(pcm16k, VadSettings.from_settings(settings), settings.batch_window_s)))
     script = normalize(MONOLOGUE)
     found_by_batch = _common_subsequence(script, normalize(batch))
     found_streamed = _common_subsequence(script, normalize(seen.final_text))

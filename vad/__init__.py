@@ -4,6 +4,7 @@ from vad.errors import VadError
 from vad.events import SEGMENT_REASONS, SegmentEnded, SegmentReason, SpeechStarted, VadEvent
 from vad.segmenter import StreamingSegmenter, segment_pcm
 from vad.settings import VadSettings
+from vad.windows import Window, decode_windows
 
 __all__ = [
     "SEGMENT_REASONS",
@@ -14,5 +15,7 @@ __all__ = [
     "VadError",
     "VadEvent",
     "VadSettings",
+    "Window",
+    "decode_windows",
     "segment_pcm",
 ]

@@ -1,20 +1,21 @@
-"""The batch worker: consumes the job stream, VAD-segments long audio, batches
-segments across jobs, runs the engine, stores results (see ``lanes.queue``).
+"""The batch worker: consumes the job stream, VAD-segments long audio into decode
+windows (consecutive segments joined up to ``batch_window_s``), batches windows
+across jobs, runs the engine, stores results (see ``lanes.queue``).
 (Over 400 lines: one consumer whose steps all act on the same held jobs.)
 
 Loop, one iteration:
 
-1. store the result of every job whose segments are all decoded (result first,
+1. store the result of every job whose windows are all decoded (result first,
    then the ``XACK``, in one script);
 2. take more entries (reclaimed ones first, then new ones) while the held jobs
    have less than ``batch_max_audio_s`` of audio left and fewer than
-   ``batch_max_jobs`` are held; each is started, its audio VAD-segmented (a
-   missing, empty or corrupt blob fails at once);
+   ``batch_max_jobs`` are held; each is started, its audio VAD-segmented into
+   windows (a missing, empty or corrupt blob fails at once);
 3. check for cancelled or lost jobs (the worker stops a job within one batch);
-4. decode one batch: the oldest held jobs' next segments, up to
+4. decode one batch: the oldest held jobs' next windows, up to
    ``batch_max_audio_s``; progress (audio done / audio total) is written after it.
 
-The default decode runs one engine call per segment off the event loop, and
+The default decode runs one engine call per window off the event loop, and
 uses the engine's piecewise decoder when it has one (pocketsphinx holds the GIL
 for a whole call), so Redis touches and heartbeats keep running. Redis errors
 are waited out with exponential backoff (jittered, ``lanegate.retry``); held jobs stay
@@ -50,7 +51,7 @@ from lanegate.transcript import Transcript
 from lanegate.webhooks import WebhookDispatcher
 from lanes import registry
 from lanes.batching import Batch, HeldJob, jobs_of, next_batch, undispatch
-from lanes.job_audio import PoisonAudio, audio_path, load_segments, read_segment, to_segment
+from lanes.job_audio import PoisonAudio, audio_path, load_windows, read_segment, to_cues
 from lanes.job_protocol import Delivery, Outcome, Standing
 from lanes.queue import JobQueue
 from lanes.sweeper import BlobSweeper
@@ -83,7 +84,7 @@ class BatchEngine(Protocol):
 
 def _by_options(batch: list[tuple[HeldJob, int]], pcms: list[bytes]
                 ) -> dict[DecodeOptions, list[tuple[HeldJob, int, bytes]]]:
-    """The batch's segments grouped by their job's decoder options (language, prompt,
+    """The batch's windows grouped by their job's decoder options (language, prompt,
     temperature, task): one engine call decodes one group."""
     groups: dict[DecodeOptions, list[tuple[HeldJob, int, bytes]]] = {}
     for (held, index), pcm in zip(batch, pcms, strict=True):
@@ -93,7 +94,7 @@ def _by_options(batch: list[tuple[HeldJob, int]], pcms: list[bytes]
 
 def _record(group: list[tuple[HeldJob, int, bytes]], hyps: list[Hypothesis]) -> None:
     for (held, index, _), hyp in zip(group, hyps, strict=True):
-        held.results.append(to_segment(held.segments[index], hyp))
+        held.results.append(to_cues(held.windows[index], hyp))
         held.detected.append(hyp.language)
 
 
@@ -235,19 +236,20 @@ class BatchConsumer:
                 max(0.0, time.time() - job.created_at))
         try:
             path = audio_path(self.blobs, d.job_id)
-            segments, samples = await asyncio.to_thread(load_segments, path, self.vad)
+            windows, samples = await asyncio.to_thread(
+                load_windows, path, self.vad, self.settings.batch_window_s)
         except PoisonAudio as exc:
             await self._fail(d, started.attempt, str(exc))
             return
         # its last attempt was charged (an engine error, or its worker died): maybe the bad one
-        held = HeldJob(d, started.attempt, job.language if job else "", path, segments,
+        held = HeldJob(d, started.attempt, job.language if job else "", path, windows,
                        samples, time.monotonic(), isolated=started.attempt > 1,
                        prompt=job.prompt if job else "",
                        temperature=job.temperature if job else None,
                        task=job.task if job else Task.TRANSCRIBE)
         self._held[d.job_id] = held
         jlog.info("job_started", attempt=started.attempt, audio_s=round(held.audio_s, 3),
-                  segments=len(segments),
+                  windows=len(windows), segments=sum(len(w.parts) for w in windows),
                   queue_wait_s=round(time.time() - job.created_at, 3) if job else None)
 
     async def _fail(self, d: Delivery, attempt: int, reason: str) -> None:
@@ -280,7 +282,7 @@ class BatchConsumer:
 
     async def _run_batch(self, batch: Batch) -> None:
         try:
-            pcms = [read_segment(h.path, h.segments[i]) for h, i in batch]
+            pcms = [read_segment(h.path, h.windows[i]) for h, i in batch]
         except OSError as exc:  # the blob vanished: most likely cancelled just now
             undispatch(batch)
             await self._check()
@@ -291,7 +293,7 @@ class BatchConsumer:
         try:
             await self._decode_batch(batch, pcms)
         except REDIS_ERRORS:
-            undispatch(batch)  # decoded segments are kept; the rest go in a later batch
+            undispatch(batch)  # decoded windows are kept; the rest go in a later batch
             raise
         except Exception as exc:  # an engine error costs the jobs in the batch an attempt
             await self._engine_failed(batch, exc)
@@ -303,8 +305,8 @@ class BatchConsumer:
         self._observe_batch(audio_s, elapsed, len(pcms), len(jobs_of(batch)))
 
     async def _decode_batch(self, batch: Batch, pcms: list[bytes]) -> None:
-        """Decode and record results; progress is written as each segment lands
-        (after every segment with the default decode, after the call otherwise)."""
+        """Decode and record results; progress is written as each window lands
+        (after every window with the default decode, after the call otherwise)."""
         if self._custom_decode is not None:
             for options, group in _by_options(batch, pcms).items():
                 hyps = await self._custom_decode([p for _, _, p in group], options)
@@ -375,7 +377,7 @@ class BatchConsumer:
 
     async def _store_ready(self) -> None:
         for held in [h for h in self._held.values() if h.ready]:
-            transcript = Transcript.from_segments(held.results, held.audio_s,
+            transcript = Transcript.from_segments(held.cues, held.audio_s,
                                                   held.result_language)
             stored = await self.queue.complete(held.delivery, held.attempt, transcript)
             self._held.pop(held.job_id, None)
@@ -390,12 +392,12 @@ class BatchConsumer:
         labels = {"lane": self.lane, "worker": self.worker_id}
         metrics.JOB_DURATION.labels(**labels).observe(duration)
         self._count("completed")
-        for seg in held.segments:
+        for seg in (part for window in held.windows for part in window.parts):
             metrics.SOFT_CUTS.labels(**labels, reason=seg.reason).inc()
         self._delete_audio(held.job_id)
         self.log.info("job_completed", job_id=held.job_id, attempt=held.attempt,
                       audio_s=round(held.audio_s, 3), duration_s=round(duration, 3),
-                      segments=len(held.segments))
+                      segments=len(held.cues))
 
     # --- shutdown and liveness ----------------------------------------------------------
 
