@@ -384,7 +384,10 @@ class Settings:
     )
     max_upload_bytes: int = _s(512 * 1024 * 1024, "Largest upload accepted (413).", ge=1)
     max_audio_seconds: float = _s(4 * 3600.0, "Longest upload accepted (422).", gt=0)
-    batch_max_audio_s: float = _s(120.0, "Most audio in one batch-engine call across jobs.", gt=0)
+    batch_max_audio_s: float = _s(
+        200.0, "Most audio in one batch-engine call across jobs (200: Whisper's batch of 8 "
+        "fills with 25 s decode windows).", gt=0
+    )
     batch_window_s: float = _s(
         25.0, "Batch lane: consecutive VAD segments joined into one decode window up to "
         "this long, pauses included (Whisper hears 30 s at a time, and a sentence decoded "

@@ -45,10 +45,10 @@ from workers.batch import BatchConsumer
 REPO = Path(__file__).resolve().parent.parent
 LONG_TEXT = ". ".join([PARAGRAPH] * 6)  # about 92 s at the fixture's voice and pace
 
-#: the simulated engine slowed to about 0.05 s per audio second, 5 s segments and
-#: batches: a 92 s job takes about 20 batches and 5 s
+#: the simulated engine slowed to about 0.05 s per audio second, 5 s segments, decode
+#: windows and batches: a 92 s job takes about 20 batches and 5 s
 SLOW_SIM = {"engine": "simulated", "sim_prefill_frame_ms": 0.5, "max_window_s": 5.0,
-            "soft_cut_search_s": 2.0, "batch_max_audio_s": 5.0}
+            "soft_cut_search_s": 2.0, "batch_max_audio_s": 5.0, "batch_window_s": 5.0}
 
 
 @pytest.fixture(scope="module")

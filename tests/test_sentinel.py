@@ -40,7 +40,7 @@ JOBS = 5
 #: the simulated engine slowed to about 0.1 s per audio second, in 5 s batches: the
 #: jobs are still running when the primary dies
 SLOW_SIM = {"engine": "simulated", "sim_prefill_frame_ms": 1.0, "max_window_s": 5.0,
-            "soft_cut_search_s": 2.0, "batch_max_audio_s": 5.0}
+            "soft_cut_search_s": 2.0, "batch_max_audio_s": 5.0, "batch_window_s": 5.0}
 
 
 class Node:

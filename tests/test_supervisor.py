@@ -304,7 +304,7 @@ def test_up_refuses_a_busy_port(tmp_path: Path) -> None:
 #: the simulated engine at about 0.2 s per audio second: a 60 s job takes about 12 s
 SLOW_BATCH = {"LANEGATE_ENGINE": "simulated", "LANEGATE_SIM_PREFILL_FRAME_MS": "2.0",
               "LANEGATE_MAX_WINDOW_S": "5", "LANEGATE_SOFT_CUT_SEARCH_S": "2",
-              "LANEGATE_BATCH_MAX_AUDIO_S": "5"}
+              "LANEGATE_BATCH_MAX_AUDIO_S": "5", "LANEGATE_BATCH_WINDOW_S": "5"}
 
 
 def long_wav(speech: Callable[..., Path], out: Path, seconds: float) -> Path:

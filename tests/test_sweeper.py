@@ -90,7 +90,7 @@ async def test_a_batch_worker_sweeps_on_schedule_and_spares_the_job_it_decodes(
 ) -> None:
     settings = Settings(redis_url=redis_server.url, blob_dir=str(tmp_path / "blobs"),
                         engine="simulated", sim_prefill_frame_ms=2.0, max_window_s=5.0,
-                        soft_cut_search_s=2.0, batch_max_audio_s=5.0,
+                        soft_cut_search_s=2.0, batch_max_audio_s=5.0, batch_window_s=5.0,
                         blob_sweep_interval_s=0.3, blob_sweep_min_age_s=HOUR,
                         worker_id="sweeper-1", worker_port=free_port())
     store = JobStore(client, settings)
