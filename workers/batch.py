@@ -364,12 +364,12 @@ class BatchConsumer:
                 self.log.warning("job_retry", job_id=held.job_id, attempt=held.attempt,
                                  reason=reason)
 
-    def _observe_batch(self, audio_s: float, elapsed: float, segments: int, jobs: int) -> None:
+    def _observe_batch(self, audio_s: float, elapsed: float, windows: int, jobs: int) -> None:
         labels = {"lane": self.lane, "worker": self.worker_id}
         metrics.AUDIO_SECONDS.labels(**labels).inc(audio_s)
         if audio_s > 0:
             metrics.REALTIME_FACTOR.labels(**labels).observe(elapsed / audio_s)
-        self.log.info("batch_decoded", segments=segments, jobs=jobs,
+        self.log.info("batch_decoded", windows=windows, jobs=jobs,
                       audio_s=round(audio_s, 3), elapsed_s=round(elapsed, 3),
                       rtf=round(elapsed / audio_s, 4) if audio_s else None)
 
