@@ -389,10 +389,11 @@ class Settings:
         "fills with 25 s decode windows).", gt=0
     )
     batch_window_s: float = _s(
-        25.0, "Batch lane: consecutive VAD segments joined into one decode window up to "
-        "this long, pauses included (Whisper hears 30 s at a time, and a sentence decoded "
-        "alone loses the words around it); the transcript keeps one cue per segment. "
-        "0: each segment alone.", ge=0, le=30
+        25.0, "Batch lane, Whisper transcription: consecutive VAD segments joined into "
+        "one decode window up to this long, pauses included (Whisper hears 30 s at a "
+        "time, and a sentence decoded alone loses the words around it); the transcript "
+        "keeps one cue per segment. Translation and pocketsphinx decode each segment "
+        "alone. 0: each segment alone.", ge=0, le=30
     )
     claim_idle_s: float = _s(60.0, "A job entry idle this long in a dead worker is reclaimed.",
                              gt=0)
@@ -478,7 +479,7 @@ class Settings:
     cpu_threads: int = _s(0, "Whisper threads on CPU. 0: the CPUs this process may run on "
                           "(its lane's CPU set).", ge=0)
     beam_size: int = _s(1, "Whisper beam size (1: greedy, the fastest).", ge=1)
-    whisper_batch_size: int = _s(8, "Batch lane: segments decoded in one Whisper call.", ge=1)
+    whisper_batch_size: int = _s(8, "Batch lane: decode windows in one batched Whisper call.", ge=1)
     whisper_pad_ms: int = _s(
         500, "Trailing silence encoded after a segment: with less the decoder more often "
         "says the sentence again; more costs encoder time (figures in docs/ARCHITECTURE.md).", ge=0)

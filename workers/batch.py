@@ -237,7 +237,8 @@ class BatchConsumer:
         try:
             path = audio_path(self.blobs, d.job_id)
             windows, samples = await asyncio.to_thread(
-                load_windows, path, self.vad, self.settings.batch_window_s)
+                load_windows, path, self.vad,
+                self._window_s(job.task if job else Task.TRANSCRIBE))
         except PoisonAudio as exc:
             await self._fail(d, started.attempt, str(exc))
             return
@@ -251,6 +252,17 @@ class BatchConsumer:
         jlog.info("job_started", attempt=started.attempt, audio_s=round(held.audio_s, 3),
                   windows=len(windows), segments=sum(len(w.parts) for w in windows),
                   queue_wait_s=round(time.time() - job.created_at, 3) if job else None)
+
+    def _window_s(self, task: Task) -> float:
+        """The longest decode window for a job: ``batch_window_s`` for a batching
+        engine's transcription (Whisper hears 30 s at a time; measured on the shared
+        recording). A piecewise engine (pocketsphinx: no 30 s context to fill) and the
+        translate task decode each segment alone: translating 25 s windows of one
+        sentence said eight times kept it three times (``tests/test_language.py``)."""
+        if task is not Task.TRANSCRIBE or getattr(self.engine, "transcribe_segment_pieces",
+                                                  None) is not None:
+            return 0.0
+        return self.settings.batch_window_s
 
     async def _fail(self, d: Delivery, attempt: int, reason: str) -> None:
         if await self.queue.fail(d, attempt, reason):
