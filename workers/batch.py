@@ -1,6 +1,7 @@
 """The batch worker: consumes the job stream, VAD-segments long audio into decode
-windows (consecutive segments joined up to ``batch_window_s``), batches windows
-across jobs, runs the engine, stores results (see ``lanes.queue``).
+windows (for Whisper's transcription, consecutive segments joined up to
+``batch_window_s``; otherwise one per segment), batches windows across jobs, runs
+the engine, stores results (see ``lanes.queue``).
 (Over 400 lines: one consumer whose steps all act on the same held jobs.)
 
 Loop, one iteration:
