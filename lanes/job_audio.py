@@ -88,7 +88,8 @@ def to_cues(window: Window, hyp: Hypothesis) -> tuple[Segment, ...]:
     if len(window.parts) == 1 or not words:
         return (Segment(start=round(offset, 3), end=round(window.end / ENGINE_SAMPLE_RATE, 3),
                         text=hyp.text.strip(), words=tuple(words), cut=window.reason),)
-    # the engine's words spell its text (Whisper's carry their own spaces): keep them so
+    # words that spell the text with their own spaces are kept so; others (Whisper's here
+    # arrive stripped) are joined with one space
     spelled = "".join(w.word for w in words).strip() == hyp.text.strip()
     bounds = [(a.end + b.start) / 2 / ENGINE_SAMPLE_RATE
               for a, b in zip(window.parts, window.parts[1:], strict=False)]
