@@ -254,14 +254,20 @@ class BatchConsumer:
                   windows=len(windows), segments=sum(len(w.parts) for w in windows),
                   queue_wait_s=round(time.time() - job.created_at, 3) if job else None)
 
+    def _pieces(self) -> Callable[[bytes], Generator[Hypothesis | None, None, None]] | None:
+        """The engine's piecewise decoder (pocketsphinx), or None for a batching engine
+        (Whisper, the simulated one): it decides the decode path and the windows."""
+        pieces: Callable[[bytes], Generator[Hypothesis | None, None, None]] | None = getattr(
+            self.engine, "transcribe_segment_pieces", None)
+        return pieces
+
     def _window_s(self, task: Task) -> float:
         """The longest decode window for a job: ``batch_window_s`` for a batching
         engine's transcription (Whisper hears 30 s at a time; measured on the shared
         recording). A piecewise engine (pocketsphinx: no 30 s context to fill) and the
         translate task decode each segment alone: translating 25 s windows of one
         sentence said eight times kept it three times (``tests/test_language.py``)."""
-        if task is not Task.TRANSCRIBE or getattr(self.engine, "transcribe_segment_pieces",
-                                                  None) is not None:
+        if task is not Task.TRANSCRIBE or self._pieces() is not None:
             return 0.0
         return self.settings.batch_window_s
 
@@ -330,7 +336,7 @@ class BatchConsumer:
                 await self._write_progress(held)
             return
         step = metrics.STEP_DURATION.labels(lane=self.lane, worker=self.worker_id)
-        if getattr(self.engine, "transcribe_segment_pieces", None) is None:
+        if self._pieces() is None:
             # A batching engine (Whisper): one call per set of decoder options.
             for options, group in _by_options(batch, pcms).items():
                 t0 = time.perf_counter()
@@ -452,8 +458,7 @@ class BatchConsumer:
     # --- engine -------------------------------------------------------------------------
 
     async def _decode_one(self, pcm: bytes) -> Hypothesis:
-        pieces: Callable[[bytes], Generator[Hypothesis | None, None, None]] | None = getattr(
-            self.engine, "transcribe_segment_pieces", None)
+        pieces = self._pieces()
         if pieces is None:
             return (await asyncio.to_thread(self.engine.transcribe_batch, [pcm]))[0]
         gen = pieces(pcm)
