@@ -98,6 +98,10 @@ PRIOR_TOKEN_S = 0.015
 PRIOR_TOKENS_PER_STEP = 8.0
 # Whisper's previous-text context holds at most this many tokens (half its 448).
 PROMPT_TOKENS = 223
+#: the batch lane pads a window to the next multiple of this (at most Whisper's 30 s),
+#: and batches it only with windows padded alike, so that what a window decodes to does
+#: not hang on the windows (other users' jobs among them) it shares a call with
+BATCH_PAD_GRID_S = 5
 
 
 def resolve_device(device: Device) -> str:
@@ -652,8 +656,9 @@ class WhisperEngine:
     # --- batch ----------------------------------------------------------------------
     def transcribe_batch(self, segments: Sequence[bytes],
                          options: DecodeOptions = DEFAULT_OPTIONS) -> list[Hypothesis]:
-        """Segments in batches of ``whisper_batch_size``, shortest-first so that a batch
-        pads little, each decoded as text only (no timestamp tokens: on the shared
+        """Segments in batches of ``whisper_batch_size``, each segment padded to its own
+        ``BATCH_PAD_GRID_S`` grid and batched only with segments padded alike (so its words
+        do not hang on what shares the call), shortest first, each decoded as text only (no timestamp tokens: on the shared
         recording's 25 s windows that decoded every word right, where the timestamped
         decode heard "the season" as "a season"); results in the order given."""
         options = self._checked(options)
@@ -662,16 +667,14 @@ class WhisperEngine:
         language = options.language or ""
         out: list[Hypothesis] = [Hypothesis("", (), language)] * len(segments)
         gates = [self._gate(seg) for seg in segments]
-        order = sorted((i for i, gate in enumerate(gates)
-                        if gate.speech_s >= self.min_speech_s),
-                       key=lambda i: len(segments[i]))
-        for off in range(0, len(order), self.batch_size):
-            batch = order[off : off + self.batch_size]
-            jobs = [Job(as_float(segments[i])[: self.max_audio_samples], options.language,
-                        [], options.prompt, options.temperature, options.task,
-                        timestamps=False)
+        audio = [as_float(seg)[: self.max_audio_samples] for seg in segments]
+        spoken = [i for i, gate in enumerate(gates) if gate.speech_s >= self.min_speech_s]
+        for batch in self._grid_batches(spoken, [len(a) for a in audio]):
+            jobs = [Job(audio[i], options.language, [], options.prompt, options.temperature,
+                        options.task, timestamps=False)
                     for i in batch]
-            for index, job, decoded in zip(batch, jobs, self.decode(jobs), strict=True):
+            decoded_all = self.decode(jobs, self.grid_samples(len(audio[batch[0]])))
+            for index, job, decoded in zip(batch, jobs, decoded_all, strict=True):
                 # the live lane's rule: a trailing run of words past the segment's last
                 # voiced audio was not said (the shared recording's first 13 s segment
                 # decoded alone ended "...incredulity. It was the epoch of incredulity.",
@@ -683,15 +686,31 @@ class WhisperEngine:
                     decoded.language, decoded.no_speech or not words))
         return out
 
+    def grid_samples(self, samples: int) -> int:
+        """What a batch-lane window of ``samples`` is padded to before it is encoded: the
+        next multiple of ``BATCH_PAD_GRID_S`` (at most the longest audio), and the pad."""
+        grid = BATCH_PAD_GRID_S * RATE
+        return min(-(-samples // grid) * grid, self.max_audio_samples) + self.pad_samples
+
+    def _grid_batches(self, indices: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
+        """``indices`` in batches of at most ``batch_size``, each of one padded length,
+        shortest first."""
+        alike: dict[int, list[int]] = {}
+        for i in sorted(indices, key=lambda i: lengths[i]):
+            alike.setdefault(self.grid_samples(lengths[i]), []).append(i)
+        return [same[off : off + self.batch_size] for _, same in sorted(alike.items())
+                for off in range(0, len(same), self.batch_size)]
+
     def _gate(self, segment: bytes) -> SpeechGate:
         gate = SpeechGate(self.vad_aggressiveness)
         gate.push(segment)
         return gate
 
     # --- the batched CTranslate2 calls ------------------------------------------------
-    def decode(self, jobs: Sequence[Job]) -> list[Decoded]:
-        """Encode the jobs' audio together, detect languages, generate, align words."""
-        longest = max(len(j.audio) for j in jobs) + self.pad_samples
+    def decode(self, jobs: Sequence[Job], padded: int | None = None) -> list[Decoded]:
+        """Encode the jobs' audio together, each padded to ``padded`` samples (default: the
+        longest and the pad), detect languages, generate, align words."""
+        longest = padded or max(len(j.audio) for j in jobs) + self.pad_samples
         feats = np.stack([self._fw.feature_extractor(
             np.pad(j.audio, (0, longest - len(j.audio))), padding=0) for j in jobs])
         frames = min(MAX_FRAMES, feats.shape[2] // 2 * 2)

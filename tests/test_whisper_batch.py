@@ -18,12 +18,13 @@ import redis.asyncio as aioredis
 from conftest import RedisServer, read_pcm, synthesize
 from phrases import PARAGRAPH, recall
 
-from bench.audio import SHARED_SPEECH
+from bench.audio import SHARED_SPEECH, read_wav
 from bench.wer import corpus_wer
+from engines.base import DecodeOptions
 from engines.whisper import WhisperEngine
 from lanegate.blobs import new_id
 from lanegate.settings import Settings
-from lanes.job_audio import load_segments
+from lanes.job_audio import load_segments, pcm_windows
 from lanes.jobs import Job, JobStore
 from vad import VadSettings
 from workers.batch import BatchConsumer
@@ -127,3 +128,26 @@ async def test_a_human_recording_is_decoded_in_windows_and_cued_per_sentence(
         assert cue.text == " ".join(w.word for w in cue.words)
         assert all(cue.start - 0.3 <= w.start and w.end <= cue.end + 0.3 for w in cue.words), cue
     assert " ".join(c.text for c in result.segments if c.text) == result.text
+
+
+@pytest.mark.skipif(not SHARED_SPEECH.exists(), reason="the shared human recording is not here")
+def test_a_window_decodes_to_the_same_words_whatever_shares_its_call(
+        whisper: WhisperEngine) -> None:
+    """The batch lane puts windows of several users' jobs in one call. Padded to the call's
+    longest, a window's words hung on its neighbours; padded to its own 5 s grid and batched
+    only with windows padded alike, the recording's windows decode to the same words alone,
+    together, and beside a shorter and a longer window of other speech."""
+    pcm = read_wav(SHARED_SPEECH)  # as the benchmark reads it (sox -R)
+    settings = Settings()
+    windows = pcm_windows(pcm, VadSettings.from_settings(settings), settings.batch_window_s)
+    assert len(windows) == 2
+    first, second = windows
+    short, longer = second[: 3 * 16000 * 2], first + first[: 3 * 16000 * 2]
+
+    def texts(batch: list[bytes]) -> list[str]:
+        return [h.text for h in whisper.transcribe_batch(batch, DecodeOptions(language="en"))]
+
+    alone = [texts([w])[0] for w in windows]
+    assert texts(windows) == alone
+    assert texts([short, first, longer])[1] == alone[0]
+    assert texts([second, longer, short])[0] == alone[1]
