@@ -658,9 +658,10 @@ class WhisperEngine:
                          options: DecodeOptions = DEFAULT_OPTIONS) -> list[Hypothesis]:
         """Segments in batches of ``whisper_batch_size``, each segment padded to its own
         ``BATCH_PAD_GRID_S`` grid and batched only with segments padded alike (so its words
-        do not hang on what shares the call), shortest first, each decoded as text only (no timestamp tokens: on the shared
-        recording's 25 s windows that decoded every word right, where the timestamped
-        decode heard "the season" as "a season"); results in the order given."""
+        do not hang on what shares the call), shortest first, each decoded as text only
+        (no timestamp tokens: on the shared recording's 25 s windows that decoded every
+        word right, where the timestamped decode heard "the season" as "a season");
+        results in the order given."""
         options = self._checked(options)
         for segment in segments:
             check_pcm(segment)
