@@ -670,12 +670,12 @@ class WhisperEngine:
         gates = [self._gate(seg) for seg in segments]
         audio = [as_float(seg)[: self.max_audio_samples] for seg in segments]
         spoken = [i for i, gate in enumerate(gates) if gate.speech_s >= self.min_speech_s]
-        for batch in self._grid_batches(spoken, [len(a) for a in audio]):
+        for padded, batch in self._grid_batches(spoken, [len(a) for a in audio]):
             jobs = [Job(audio[i], options.language, [], options.prompt, options.temperature,
                         options.task, timestamps=False)
                     for i in batch]
-            decoded_all = self.decode(jobs, self.grid_samples(len(audio[batch[0]])))
-            for index, job, decoded in zip(batch, jobs, decoded_all, strict=True):
+            for index, job, decoded in zip(batch, jobs, self.decode(jobs, padded),
+                                           strict=True):
                 # the live lane's rule: a trailing run of words past the segment's last
                 # voiced audio was not said (the shared recording's first 13 s segment
                 # decoded alone ended "...incredulity. It was the epoch of incredulity.",
@@ -687,19 +687,21 @@ class WhisperEngine:
                     decoded.language, decoded.no_speech or not words))
         return out
 
-    def grid_samples(self, samples: int) -> int:
+    def _grid_samples(self, samples: int) -> int:
         """What a batch-lane window of ``samples`` is padded to before it is encoded: the
         next multiple of ``BATCH_PAD_GRID_S`` (at most the longest audio), and the pad."""
         grid = BATCH_PAD_GRID_S * RATE
         return min(-(-samples // grid) * grid, self.max_audio_samples) + self.pad_samples
 
-    def _grid_batches(self, indices: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
-        """``indices`` in batches of at most ``batch_size``, each of one padded length,
-        shortest first."""
+    def _grid_batches(self, indices: Sequence[int],
+                      lengths: Sequence[int]) -> list[tuple[int, list[int]]]:
+        """``indices`` in batches of at most ``batch_size``, each with the one length its
+        members are padded to, shortest first."""
         alike: dict[int, list[int]] = {}
         for i in sorted(indices, key=lambda i: lengths[i]):
-            alike.setdefault(self.grid_samples(lengths[i]), []).append(i)
-        return [same[off : off + self.batch_size] for _, same in sorted(alike.items())
+            alike.setdefault(self._grid_samples(lengths[i]), []).append(i)
+        return [(padded, same[off : off + self.batch_size])
+                for padded, same in sorted(alike.items())
                 for off in range(0, len(same), self.batch_size)]
 
     def _gate(self, segment: bytes) -> SpeechGate:
