@@ -400,19 +400,28 @@ async def wait_jobs(stack: Stack, ids: list[str], timeout_s: float) -> list[dict
 
 def throughput(state: list[dict[str, Any]], now: float | None = None) -> dict[str, Any]:
     """Audio seconds transcribed per wall second: completed jobs over their span, or,
-    when ``now`` is given, audio done so far (progress) over the time since the first start."""
+    when ``now`` is given, audio done so far (progress) over the time since the first start.
+
+    With ``now``, a flood that every job of had finished before ``now`` ran dry: the lane
+    idled for the rest of the time, so its rate is taken to the last finish, and
+    ``ran_dry_s`` says how long before ``now`` that was (the live streams beside it were
+    not under the flood for those seconds)."""
     started = [j["started_at"] for j in state if j.get("started_at")]
     if not started:
         return {"jobs": len(state), "completed": 0, "audio_s_per_wall_s": None}
     done = [j for j in state if j["status"] == "completed"]
+    last = max((j["finished_at"] for j in done), default=min(started))
+    dry: dict[str, float] = {}
     if now is None:
         audio = sum(float(j["audio_seconds"]) for j in done)
-        end = max((j["finished_at"] for j in done), default=min(started))
+        end = last
     else:
         audio = sum(float(j["audio_seconds"]) * float(j["progress"]) for j in state)
         end = now
+        if len(done) == len(state) and last < now:
+            end, dry = last, {"ran_dry_s": round(now - last, 2)}
     span = end - min(started)
     return {"jobs": len(state), "completed": len(done), "audio_s": round(audio, 2),
             "span_s": round(span, 2),
             "audio_s_per_wall_s": round(audio / span, 3) if span > 0 else None,
-            "statuses": dict(Counter(j["status"] for j in state))}
+            "statuses": dict(Counter(j["status"] for j in state)), **dry}

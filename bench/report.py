@@ -161,6 +161,13 @@ def batch_rate(w: Windows, key: str) -> float | None:
     return None if v is None else float(v)
 
 
+def ran_dry(w: Windows, key: str) -> bool:
+    """Whether every upload of the window's flood had finished before the window ended:
+    its batch figure is then the flood's size over its time, not what the lane could do
+    over the window (``measure.throughput``)."""
+    return "ran_dry_s" in (w.get(key, {}).get("batch_during_window") or {})
+
+
 def longest_wait(w: Windows, key: str) -> float | None:
     """The window's worst stream's longest wait for a partial (ms); None before it was
     measured."""
@@ -850,12 +857,15 @@ def trade_table(doc: dict[str, Any]) -> list[str]:
         lengths = sorted({r["stall_ms"] for r in res if r.get("stall_ms")})
         stall_note = (f" (each counted as {'/'.join(_g(v) for v in lengths)} ms)"
                       if lengths else "")
+        dry = sum(ran_dry(w, key) for w in ws if w.get(key))
+        dry_note = (f" (the uploads ran out before the window ended in {dry} of {len(res)} "
+                    "rounds)" if dry else "")
         rows.append(
             f"| `{design}` | {workers} | {_sp(spread([_p99(w, key) for w in ws]))} | "
             f"{stall} of {sum(r['live_streams'] for r in res)}{stall_note} | "
             f"{_sp(spread([partials_per_stream_s(w, key) for w in ws]))} | "
             f"{_sp(spread([longest_wait(w, key) for w in ws]))} | "
-            f"{_sp(spread([batch_rate(w, key) for w in ws]))} |")
+            f"{_sp(spread([batch_rate(w, key) for w in ws]))}{dry_note} |")
     if not rows:
         return []
     return ["| design | placement | live partial p99 (ms), median (min–max) | streams "
@@ -908,6 +918,11 @@ def trade_sentence(doc: dict[str, Any]) -> str:
     same_batch = min(sbs) <= max(mbs) and min(mbs) <= max(sbs)
     stalls = sum(stalled_streams(w, "s1_mixed") or 0 for w in ws)
     notes = []
+    if any(ran_dry(w, k) for w in ws for k in ("s1_split", "s1_mixed")):
+        notes.append("The uploads ran out before the window ended in some rounds (the "
+                     "table says which design's): those batch figures are the flood's size "
+                     "over the time it took, so the batch side of this comparison is only as "
+                     "good as a longer flood would make it (`--flood-job-s`).")
     if stalls:
         notes.append(f"In `mixed`, {stalls} stream-window(s) got no partial at all: each "
                      "is counted at the window's length, its worst figure, not left out.")

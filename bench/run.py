@@ -34,10 +34,11 @@ ENGINE_DEFAULTS: dict[str, dict[str, float]] = {
     "pocketsphinx": {"duration_s": 20.0, "s1_duration_s": 120.0, "streams": 4,
                      "flood_job_s": 720.0},
     # Whisper base on a CPU core carries about two live streams (BENCHMARKS.md's
-    # capacity); 3 x 10 recordings (444 s each) outlast the 60 s split window at the
-    # batch lane's ~14 audio s per wall s
+    # capacity); 3 x 20 recordings (888 s each) outlast scenario 1's 60 s windows at
+    # the ~22 audio s per wall s of the batch lane's windows, with room for `mixed`
+    # (3 x 444 s ran dry inside them at b4282d6: bench/results/notes.md)
     "whisper": {"duration_s": 40.0, "s1_duration_s": 60.0, "streams": 2,
-                "flood_job_s": 444.0},
+                "flood_job_s": 888.0},
 }
 #: streams per second the scale scenario opens (500 streams over 10 s)
 SCALE_RAMP_PER_S = 50.0

@@ -15,7 +15,7 @@ import pytest
 
 from bench.__main__ import build_parser
 from bench.audio import SHARED_SPEECH
-from bench.measure import summarize
+from bench.measure import summarize, throughput
 from bench.report import (
     markdown,
     trade_sentence,
@@ -214,6 +214,42 @@ def test_batch_figures_within_the_rounds_spread_are_the_same_not_a_win() -> None
               "s1_mixed": waited(_flood(300.0, 133, m), 39500.0)}
              for b, m in ((20.4, 20.3), (20.5, 20.2), (20.6, 20.3))]
     assert trade_sentence(_doc(apart)).startswith("`split` wins on both sides")
+
+
+def test_a_flood_that_ran_out_inside_the_window_is_said_and_not_taken_as_a_rate() -> None:
+    # the full runs at b4282d6: every upload of 3 x 444 s done before the 60 s window
+    # ended, in both designs, so both read 1,331 audio s over the window: 20.4 and 20.4
+    def job(status: str, progress: float, finished: float | None) -> dict[str, Any]:
+        return {"status": status, "progress": progress, "audio_seconds": 444.0,
+                "started_at": 100.0, "finished_at": finished}
+
+    dry = throughput([job("completed", 1.0, 150.0), job("completed", 1.0, 160.0),
+                      job("completed", 1.0, 155.0)], now=165.0)
+    assert dry["audio_s_per_wall_s"] == pytest.approx(1332.0 / 60.0, abs=0.001)
+    assert dry["ran_dry_s"] == 5.0  # the last upload finished 5 s before the window's end
+    busy = throughput([job("completed", 1.0, 150.0), job("processing", 0.5, None),
+                       job("completed", 1.0, 155.0)], now=165.0)
+    assert busy["audio_s_per_wall_s"] == pytest.approx(1110.0 / 65.0, abs=0.001)
+    assert "ran_dry_s" not in busy
+
+    def window(batch: dict[str, Any]) -> dict[str, Any]:
+        return {**_flood(300.0, 235, 0.0), "batch_during_window": batch}
+
+    rounds = [{"s1_split": window(busy), "s1_mixed": window(dry)} for _ in range(3)]
+    doc = _doc(rounds)
+    mixed_row = next(r for r in trade_table(doc) if r.startswith("| `mixed`"))
+    assert mixed_row.endswith("(the uploads ran out before the window ended in 3 of 3 "
+                              "rounds) |")
+    split_row = next(r for r in trade_table(doc) if r.startswith("| `split`"))
+    assert "ran out" not in split_row
+    assert "The uploads ran out before the window ended" in trade_sentence(doc)
+
+
+def test_the_default_flood_outlasts_scenario_1s_window() -> None:
+    # at the batch lane's ~22 audio s per wall s, and at half as fast again for `mixed`
+    # on both CPUs, the uploads hold more audio than the window and its 2 s lead take
+    o = Options()
+    assert o.flood_jobs * o.job_s > 1.5 * 22.0 * (o.d1 + 2.0)
 
 
 def test_each_streams_longest_wait_for_a_partial_is_measured() -> None:
