@@ -164,8 +164,10 @@ def batch_rate(w: Windows, key: str) -> float | None:
 def ran_dry(w: Windows, key: str) -> bool:
     """Whether every upload of the window's flood had finished before the window ended:
     its batch figure is then the flood's size over its time, not what the lane could do
-    over the window (``measure.throughput``)."""
-    return "ran_dry_s" in (w.get(key, {}).get("batch_during_window") or {})
+    over the window (``measure.throughput`` records ``ran_dry_s``; files from before it
+    show it as every job completed)."""
+    b = w.get(key, {}).get("batch_during_window") or {}
+    return "ran_dry_s" in b or (bool(b.get("jobs")) and b.get("completed") == b.get("jobs"))
 
 
 def longest_wait(w: Windows, key: str) -> float | None:
@@ -918,11 +920,16 @@ def trade_sentence(doc: dict[str, Any]) -> str:
     same_batch = min(sbs) <= max(mbs) and min(mbs) <= max(sbs)
     stalls = sum(stalled_streams(w, "s1_mixed") or 0 for w in ws)
     notes = []
-    if any(ran_dry(w, k) for w in ws for k in ("s1_split", "s1_mixed")):
+    dry = [w[k]["batch_during_window"] for w in ws for k in ("s1_split", "s1_mixed")
+           if ran_dry(w, k)]
+    # before ran_dry_s, a dry flood's figure ran to the window's end: the flood's size
+    # over the window, the same for any lane fast enough to finish it
+    unread = any("ran_dry_s" not in b for b in dry)
+    if dry and not unread:
         notes.append("The uploads ran out before the window ended in some rounds (the "
-                     "table says which design's): those batch figures are the flood's size "
-                     "over the time it took, so the batch side of this comparison is only as "
-                     "good as a longer flood would make it (`--flood-job-s`).")
+                     "table says which design's): those batch figures are taken to the last "
+                     "upload's finish, and a longer flood (`--flood-job-s`) would keep the "
+                     "live streams beside it to the window's end.")
     if stalls:
         notes.append(f"In `mixed`, {stalls} stream-window(s) got no partial at all: each "
                      "is counted at the window's length, its worst figure, not left out.")
@@ -938,6 +945,13 @@ def trade_sentence(doc: dict[str, Any]) -> str:
     tail = "".join(" " + n for n in notes)
     live = (f"live partial p99 {_g(sp)} ms against {_g(mp)} ms" if sp <= mp else
             f"its live streams got {_g(sr)} partials per stream-second against {_g(mr)}")
+    if unread:
+        side = ("ahead on live latency here" if live_split else
+                "behind on live latency here")
+        return (f"`split` is {side} ({live}); the batch figures cannot say which design "
+                "does more: every upload had finished before the window ended in some "
+                "rounds (the table says which design's), so those figures are the flood's "
+                "size over the window, the same for any lane fast enough to finish it." + tail)
     if live_split and same_batch:
         return (f"`split` is ahead on live latency here ({live}) at the same batch "
                 f"throughput within the rounds' spread ({_g(sb)} ({_g(min(sbs))}–"

@@ -243,6 +243,14 @@ def test_a_flood_that_ran_out_inside_the_window_is_said_and_not_taken_as_a_rate(
     split_row = next(r for r in trade_table(doc) if r.startswith("| `split`"))
     assert "ran out" not in split_row
     assert "The uploads ran out before the window ended" in trade_sentence(doc)
+    # a file from before ran_dry_s: every job completed by the window's end says the same
+    old = {**dry, "audio_s_per_wall_s": 20.4}
+    del old["ran_dry_s"]
+    rounds = [{"s1_split": window(busy), "s1_mixed": window(old)}]
+    assert "ran out before the window ended in 1 of 1" in trade_table(_doc(rounds))[-1]
+    sentence = trade_sentence(_doc(rounds))
+    assert "the batch figures cannot say which design does more" in sentence
+    assert "wins on both sides" not in sentence
 
 
 def test_the_default_flood_outlasts_scenario_1s_window() -> None:
