@@ -34,9 +34,10 @@ ENGINE_DEFAULTS: dict[str, dict[str, float]] = {
     "pocketsphinx": {"duration_s": 20.0, "s1_duration_s": 120.0, "streams": 4,
                      "flood_job_s": 720.0},
     # Whisper base on a CPU core carries about two live streams (BENCHMARKS.md's
-    # capacity); 3 x 20 recordings (888 s each) outlast scenario 1's 60 s windows at
-    # the ~22 audio s per wall s of the batch lane's windows, with room for `mixed`
-    # (3 x 444 s ran dry inside them at b4282d6: bench/results/notes.md)
+    # capacity); 3 x 20 recordings (888 s each) outlast scenario 1's split window at
+    # the batch lane's ~22 audio s per wall s; `mixed`, ~33 on both CPUs, finishes them
+    # about a second before its window ends, which the trade table says (3 x 444 s ran
+    # dry inside both designs' windows at b4282d6: bench/results/notes.md)
     "whisper": {"duration_s": 40.0, "s1_duration_s": 60.0, "streams": 2,
                 "flood_job_s": 888.0},
 }

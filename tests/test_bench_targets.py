@@ -254,8 +254,9 @@ def test_a_flood_that_ran_out_inside_the_window_is_said_and_not_taken_as_a_rate(
 
 
 def test_the_default_flood_outlasts_scenario_1s_window() -> None:
-    # at the batch lane's ~22 audio s per wall s, and at half as fast again for `mixed`
-    # on both CPUs, the uploads hold more audio than the window and its 2 s lead take
+    # the uploads hold more audio than split's batch lane (~22 audio s per wall s) does
+    # in the window and its 2 s lead, with half again to spare (3 x 444 s did not);
+    # `mixed` on both CPUs (~33) still finishes them near its window's end (8a80aa9)
     o = Options()
     assert o.flood_jobs * o.job_s > 1.5 * 22.0 * (o.d1 + 2.0)
 
