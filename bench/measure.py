@@ -398,6 +398,21 @@ async def wait_jobs(stack: Stack, ids: list[str], timeout_s: float) -> list[dict
         await asyncio.sleep(0.5)
 
 
+async def wait_first(stack: Stack, ids: list[str], timeout_s: float) -> dict[str, Any] | None:
+    """The first of ``ids`` to complete (the earliest ``finished_at``), waiting for one;
+    None when none completes in ``timeout_s`` or all end otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = await jobs(stack, ids)
+        done = [j for j in state if j["status"] == "completed"]
+        if done:
+            return min(done, key=lambda j: float(j["finished_at"]))
+        if all(j["status"] in ("failed", "cancelled") for j in state) \
+                or time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.5)
+
+
 def throughput(state: list[dict[str, Any]], now: float | None = None) -> dict[str, Any]:
     """Audio seconds transcribed per wall second: completed jobs over their span, or,
     when ``now`` is given, audio done so far (progress) over the time since the first start.

@@ -779,9 +779,15 @@ def batch_lines(doc: dict[str, Any]) -> list[str]:
     s3 = [w["s3_split_batch"] for w in ws if w.get("s3_split_batch")]
     if s3:
         wer = [b.get("wer") for b in s3]
-        out.append(f"- `split` batch lane: {s3[0].get('jobs')} jobs per round, completed "
-                   f"per round {[b.get('completed') for b in s3]}, audio s per wall s "
-                   f"between the first start and the last finish: **"
+        # since 3 x 888 s floods: the window's rate, the WER of the first upload to
+        # finish (the yardsticks' audio); before, every upload's, waited for
+        what = ("audio s per wall s over the `split` flood window (progress over the time "
+                "since the first upload started), WER of the first upload to finish"
+                if s3[0].get("rate") == "window" else
+                f"{s3[0].get('jobs')} jobs per round, completed per round "
+                f"{[b.get('completed') for b in s3]}, audio s per wall s between the first "
+                "start and the last finish")
+        out.append(f"- `split` batch lane, {what}: **"
                    f"{_sp(spread([b.get('audio_s_per_wall_s') for b in s3]))}**"
                    + (f", WER {_sp(spread(wer))}" if any(v is not None for v in wer) else "")
                    + ".")
