@@ -420,7 +420,12 @@ def throughput(state: list[dict[str, Any]], now: float | None = None) -> dict[st
     With ``now``, a flood that every job of had finished before ``now`` ran dry: the lane
     idled for the rest of the time, so its rate is taken to the last finish, and
     ``ran_dry_s`` says how long before ``now`` that was (the live streams beside it were
-    not under the flood for those seconds)."""
+    not under the flood for those seconds). Otherwise the progress a job reports moves
+    one batch at a time (Whisper: up to ``batch_max_audio_s``, 200 s, about 9 s of
+    work), so the audio done is counted as of the last progress write or finish
+    (``last_progress``) and the rate taken to then; ``progress_age_s`` says how long
+    before ``now`` that was. Taken to ``now`` instead, the same lane read 18.2 or 21.2
+    audio s per wall s over a 60 s window as a batch had just been written or not."""
     started = [j["started_at"] for j in state if j.get("started_at")]
     if not started:
         return {"jobs": len(state), "completed": 0, "audio_s_per_wall_s": None}
@@ -433,10 +438,28 @@ def throughput(state: list[dict[str, Any]], now: float | None = None) -> dict[st
     else:
         audio = sum(float(j["audio_seconds"]) * float(j["progress"]) for j in state)
         end = now
+        mark = last_progress(state)
         if len(done) == len(state) and last < now:
             end, dry = last, {"ran_dry_s": round(now - last, 2)}
+        elif mark is not None and min(started) < mark < now:
+            end, dry = mark, {"progress_age_s": round(now - mark, 2)}
     span = end - min(started)
     return {"jobs": len(state), "completed": len(done), "audio_s": round(audio, 2),
             "span_s": round(span, 2),
             "audio_s_per_wall_s": round(audio / span, 3) if span > 0 else None,
             "statuses": dict(Counter(j["status"] for j in state)), **dry}
+
+
+def last_progress(state: list[dict[str, Any]]) -> float | None:
+    """When the audio counted as done (progress x audio) was last brought up to date:
+    the latest finish or progress write, a batch's end; None when a running job with
+    progress has no ``updated_at`` (its write time unknown)."""
+    marks = []
+    for j in state:
+        if j["status"] == "completed" and j.get("finished_at"):
+            marks.append(float(j["finished_at"]))
+        elif j["status"] == "processing" and j.get("progress"):
+            if not j.get("updated_at"):
+                return None
+            marks.append(float(j["updated_at"]))
+    return max(marks, default=None)

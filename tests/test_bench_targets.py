@@ -253,6 +253,29 @@ def test_a_flood_that_ran_out_inside_the_window_is_said_and_not_taken_as_a_rate(
     assert "wins on both sides" not in sentence
 
 
+def test_a_floods_rate_is_taken_to_its_last_progress_write_not_the_windows_end() -> None:
+    # round 1 and 2 of the full run at e10a04d: the same lane, 1,197.04 or 1,399.83 audio
+    # s done by the window's end (one 200 s batch apart) over the same 65.9 s: 18.2 or
+    # 21.2, as a batch's progress had just been written or not
+    def job(status: str, progress: float, updated: float, finished: float | None = None
+            ) -> dict[str, Any]:
+        return {"status": status, "progress": progress, "audio_seconds": 888.0,
+                "started_at": 100.0, "updated_at": updated, "finished_at": finished}
+
+    first = job("completed", 1.0, 140.0, 140.0)
+    written_late = throughput([first, job("processing", 0.35, 165.0),
+                               job("queued", 0.0, 99.0)], now=166.0)
+    written_early = throughput([first, job("processing", 0.125, 156.0),
+                                job("queued", 0.0, 99.0)], now=166.0)
+    # 888 x 1.35 over 65 s and 888 x 1.125 over 56 s: both about 18 audio s per wall s
+    assert written_late["audio_s_per_wall_s"] == pytest.approx(1198.8 / 65.0, abs=0.001)
+    assert written_early["audio_s_per_wall_s"] == pytest.approx(999.0 / 56.0, abs=0.001)
+    assert (written_late["progress_age_s"], written_early["progress_age_s"]) == (1.0, 10.0)
+    # a running job's progress of unknown time: the window's end, as before
+    unknown = {**job("processing", 0.5, 0.0), "updated_at": None}
+    assert throughput([first, unknown], now=166.0)["span_s"] == 66.0
+
+
 def test_the_default_flood_outlasts_scenario_1s_window() -> None:
     # the uploads hold more audio than split's batch lane (~22 audio s per wall s) does
     # in the window and its 2 s lead, with half again to spare (3 x 444 s did not);
