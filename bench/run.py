@@ -383,8 +383,9 @@ class Bench:
         state = await measure.jobs(stack, ids)
         w[key]["batch_during_window"] = measure.throughput(state, time.time())
         if key == "s1_split" and "s3" in self.want:
-            # scenario 3: the lane's rate is the window's (progress over the time since
-            # the first upload started, with work queued throughout), its WER the
+            # scenario 3: the lane's rate is the window's (the audio done by its last
+            # progress write over the time since the first upload started, with work
+            # queued throughout: measure.throughput), its WER the
             # first upload to finish's, the recording the yardsticks ran on. At the
             # default flood that upload finishes inside the window: the round waits
             # for nothing (it waited for all three, a minute more at 888 s each).
