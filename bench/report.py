@@ -781,9 +781,12 @@ def batch_lines(doc: dict[str, Any]) -> list[str]:
         wer = [b.get("wer") for b in s3]
         # since 3 x 888 s floods: the window's rate, the WER of the first upload to
         # finish (the yardsticks' audio); before, every upload's, waited for
-        what = ("audio s per wall s over the `split` flood window (the audio done by the "
-                "last progress write before its end, over the time since the first upload "
-                "started), WER of the first upload to finish"
+        # files from before 1a73a4d took the progress to the window's end
+        upto = ("the last progress write before its end" if any("progress_age_s" in b
+                                                             for b in s3) else "its end")
+        what = (f"audio s per wall s over the `split` flood window (the audio done by "
+                f"{upto}, over the time since the first upload started), WER of the "
+                "first upload to finish"
                 if s3[0].get("rate") == "window" else
                 f"{s3[0].get('jobs')} jobs per round, completed per round "
                 f"{[b.get('completed') for b in s3]}, audio s per wall s between the first "
