@@ -388,29 +388,34 @@ async def job_texts(stack: Stack, ids: list[str]) -> list[str]:
     return out
 
 
-async def wait_jobs(stack: Stack, ids: list[str], timeout_s: float) -> list[dict[str, Any]]:
+#: the job statuses that end a job
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+async def poll_jobs(stack: Stack, ids: list[str], timeout_s: float,
+                    until: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    """The jobs' state every 0.5 s until ``until`` holds of it or ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     while True:
         state = await jobs(stack, ids)
-        if all(j["status"] in ("completed", "failed", "cancelled") for j in state) \
-                or time.monotonic() > deadline:
+        if until(state) or time.monotonic() > deadline:
             return state
         await asyncio.sleep(0.5)
+
+
+async def wait_jobs(stack: Stack, ids: list[str], timeout_s: float) -> list[dict[str, Any]]:
+    return await poll_jobs(stack, ids, timeout_s,
+                           lambda state: all(j["status"] in TERMINAL for j in state))
 
 
 async def wait_first(stack: Stack, ids: list[str], timeout_s: float) -> dict[str, Any] | None:
     """The first of ``ids`` to complete (the earliest ``finished_at``), waiting for one;
     None when none completes in ``timeout_s`` or all end otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = await jobs(stack, ids)
-        done = [j for j in state if j["status"] == "completed"]
-        if done:
-            return min(done, key=lambda j: float(j["finished_at"]))
-        if all(j["status"] in ("failed", "cancelled") for j in state) \
-                or time.monotonic() > deadline:
-            return None
-        await asyncio.sleep(0.5)
+    state = await poll_jobs(stack, ids, timeout_s, lambda state: any(
+        j["status"] == "completed" for j in state) or all(j["status"] in TERMINAL
+                                                          for j in state))
+    done = [j for j in state if j["status"] == "completed"]
+    return min(done, key=lambda j: float(j["finished_at"])) if done else None
 
 
 def throughput(state: list[dict[str, Any]], now: float | None = None) -> dict[str, Any]:

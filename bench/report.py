@@ -779,9 +779,8 @@ def batch_lines(doc: dict[str, Any]) -> list[str]:
     s3 = [w["s3_split_batch"] for w in ws if w.get("s3_split_batch")]
     if s3:
         wer = [b.get("wer") for b in s3]
-        # since 3 x 888 s floods: the window's rate, the WER of the first upload to
-        # finish (the yardsticks' audio); before, every upload's, waited for
-        # files from before 1a73a4d took the progress to the window's end
+        # since a68cfbf: the window's rate and the WER of the first upload to finish
+        # (taken to the window's end before 1a73a4d); before, every upload's, waited for
         upto = ("the last progress write before its end" if any("progress_age_s" in b
                                                              for b in s3) else "its end")
         what = (f"audio s per wall s over the `split` flood window (the audio done by "
