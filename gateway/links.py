@@ -3,8 +3,9 @@ by every session this gateway opens on that worker (protocol in docs/INTERNALS.m
 
 With hundreds of live streams, a WebSocket message each way per relayed 100 ms
 frame and a ping loop per session would make per-message I/O the gateway's CPU.
-So on a link all audio queued in one event-loop tick leaves in one binary message
-of ``(channel, length)``-prefixed records, the worker answers each tick's events
+So on a link all audio queued within ``link_linger_ms`` of the first (2 ms; 0: in
+one event-loop tick) leaves in one binary message of ``(channel, length)``-prefixed
+records, the worker answers each tick's events
 in one text message, and one ping loop covers every session.
 
 ``app[LINKS].get(worker)`` returns the worker's ``WorkerLink``, connecting on first
@@ -108,8 +109,10 @@ class WorkerLink:
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse, *, url: str, worker_id: str,
                  lane: str, silence_s: float,
-                 on_lost: Callable[[WorkerLink], None], max_events: int = 1000) -> None:
+                 on_lost: Callable[[WorkerLink], None], max_events: int = 1000,
+                 linger_s: float = 0.0) -> None:
         self.url = url
+        self.linger_s = linger_s
         self.max_events = max(1, max_events)
         self.worker_id = worker_id
         self.lane = lane
@@ -198,6 +201,8 @@ class WorkerLink:
         try:
             while True:
                 await self._wake.wait()
+                if self.linger_s:  # let more streams' frames join this message
+                    await asyncio.sleep(self.linger_s)
                 self._wake.clear()
                 while self._pending:
                     message = self._next_message()
@@ -395,7 +400,8 @@ class WorkerLinks:
         return WorkerLink(ws, url=worker.url, worker_id=str(hello.get("worker") or
                                                                worker.worker_id),
                           lane=lane, silence_s=silence_limit_s(self._settings, lane),
-                          on_lost=self._forget, max_events=self._settings.max_channel_events)
+                          on_lost=self._forget, max_events=self._settings.max_channel_events,
+                          linger_s=self._settings.link_linger_ms / 1000)
 
     async def close(self) -> None:
         tasks = list(self._links.values())

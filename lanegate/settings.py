@@ -307,6 +307,13 @@ class Settings:
         "too slowly; past it the stream ends with `overloaded` (1013) and its worker "
         "session is abandoned.", ge=1
     )
+    link_linger_ms: float = _s(
+        2.0, "How long the gateway holds audio for a worker link before sending it, so "
+        "that many streams' frames leave in one message: fewer writes per stream for at "
+        "most this much added latency (at 200 streams 2 ms took a median 14 % off the "
+        "gateway's CPU; docs/ARCHITECTURE.md). 0 sends what one event-loop tick queued.",
+        ge=0, le=50
+    )
     worker_lost_timeout_s: float = _s(2.0, "A silent worker connection is lost after this.", gt=0)
     worker_connect_timeout_s: float = _s(
         5.0, "Opening a session on a worker (connect + `accepted`) may take this long before "
