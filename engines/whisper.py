@@ -597,8 +597,9 @@ class WhisperEngine:
         return self.slots.free
 
     def open_stream(self, options: DecodeOptions = DEFAULT_OPTIONS) -> EngineStream:
+        checked = self._checked(options)  # before the slot: a bad language takes none
         self.slots.take()
-        return WhisperStream(self, self._checked(options))
+        return WhisperStream(self, checked)
 
     def _checked(self, options: DecodeOptions) -> DecodeOptions:
         if options.language is not None:

@@ -111,6 +111,7 @@ class StepLoop:
         #: monotonic time the engine call of the realtime step in flight began (a
         #: watchdog reads it); None between steps
         self.step_started: float | None = None
+        self._in_step: frozenset[str] = frozenset()  # the sessions the step in flight holds
         self._batch: deque[BatchItem] = deque()
         self._wake = asyncio.Event()
         self.idle = asyncio.Event()  # set while no session is active
@@ -142,6 +143,17 @@ class StepLoop:
         iteration."""
         self._dirty[handle.session.session_id] = None
         self.wake()
+
+    def reclaim(self) -> int:
+        """Drop now the abandoned sessions that the step in flight does not hold, rather
+        than at the next settle, and return how many: their slots are free for an
+        ``open`` that arrived right behind their ``abandon`` (a client that reconfigures
+        a session on a full worker), before this loop ran again."""
+        done = [h for sid, h in self.sessions.items()
+                if h.abandoned and sid not in self._in_step]
+        for handle in done:
+            self._drop(handle, "abandoned")
+        return len(done)
 
     def flush_all(self) -> None:
         """Drain deadline: every session gets its last finals and ``done`` now."""
@@ -243,6 +255,7 @@ class StepLoop:
                 for h, c in zip(handles, plan.chunks, strict=True)]
         started = time.perf_counter()
         self.step_started = time.monotonic()
+        self._in_step = frozenset(c.session_id for c in plan.chunks)
         try:
             hyps = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self.engine.step, work)
@@ -253,6 +266,7 @@ class StepLoop:
             return
         finally:
             self.step_started = None
+            self._in_step = frozenset()
         self._record_step(time.perf_counter() - started, plan.audio_samples, len(work),
                           learn=True)
         now = time.monotonic()

@@ -493,6 +493,32 @@ async def test_link_overloaded_when_full_and_closing_the_link_frees_the_slots(
     await slots_back(worker)
 
 
+@pytest.mark.parametrize("session_id", ["f1-again", "f1"])
+async def test_link_an_open_right_behind_an_abandon_on_a_full_worker_gets_the_slot(
+    worker: RealtimeWorker, session_id: str,
+) -> None:
+    """A client that reconfigures its session (the OpenAI Realtime API's
+    ``session.update``) on a full worker: the gateway abandons the channel and opens
+    another in the same tick (with a new session id, or the same one), and both reach
+    the worker before its step loop settles the abandon. The open must get the
+    abandoned slot, not ``overloaded`` (or ``session exists``)."""
+    async with raw_link(worker) as link:
+        for ch in (1, 2):
+            await link.open(ch, f"f{ch}")
+            await link.wait(ch, "accepted")
+        assert worker.engine.slots_free() == 0
+        await link.ws.send_json({"op": "abandon", "ch": 1})  # no await yields between
+        await link.open(3, session_id)
+        for _ in range(250):
+            if link.events.get(3):
+                break
+            await asyncio.sleep(0.02)
+        assert link.events.get(3, [{}])[0].get("type") == "accepted", link.events.get(3)
+        assert worker.engine.slots_free() == 0
+        assert [e["type"] for e in link.events[1]] == ["accepted"], "abandoned: silent"
+    await slots_back(worker)
+
+
 # --- who may open sessions, and with which id --------------------------------------------
 
 

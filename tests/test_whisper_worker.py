@@ -78,3 +78,14 @@ async def test_the_loop_answers_while_a_long_step_runs(
         run = await dump
     assert answered_in_step > 0
     assert recall(LONG, run.final_text) >= 0.6, run.final_text
+
+
+async def test_an_unknown_language_is_refused_and_takes_no_slot(worker: RealtimeWorker) -> None:
+    free = worker.engine.slots_free()
+    async with aiohttp.ClientSession() as http, \
+            http.ws_connect(url(worker, "w9", language="xx")) as ws:
+        event = await ws.receive_json(timeout=10)
+    assert event["type"] == "error", event
+    assert event["code"] == "bad_request"
+    assert "'xx'" in event["message"]
+    assert worker.engine.slots_free() == free, "a refused session gives its slot back"

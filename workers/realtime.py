@@ -24,7 +24,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import WSMsgType, web
 
-from engines import Engine, NoFreeSlot, create_engine
+from engines import Engine, EngineStream, NoFreeSlot, create_engine
 from lanegate import metrics
 from lanegate.constants import (
     CLOSE_GOING_AWAY,
@@ -245,13 +245,13 @@ class RealtimeWorker:
         vad_settings = session_vad(vad, self._vad)
         if self.draining:
             raise Overloaded("worker is draining")
+        held = self.loop.sessions.get(session_id)
+        if held is not None and held.abandoned:
+            self.loop.reclaim()  # the same id, abandoned just before: free it first
         if session_id in self.loop.sessions:
             raise SessionExists(session_id)
-        opts = options or {}
         try:
-            stream = self.engine.open_stream(decode_options(
-                opts.get("language"), opts.get("prompt"), opts.get("temperature"),
-                opts.get("task")))
+            stream = self._open_stream(options or {})
         except NoFreeSlot as exc:
             raise Overloaded(str(exc)) from None
         except ValueError as exc:
@@ -264,6 +264,19 @@ class RealtimeWorker:
         self.publish_soon()
         self._log.info("session_start", session_id=session_id, sample_rate=rate)
         return handle
+
+    def _open_stream(self, options: Mapping[str, Any]) -> EngineStream:
+        """An engine stream with the session's decoder options. A slot abandoned since
+        the step loop last settled is still taken: when none is free, those (not the
+        step's in flight) are freed and the slot asked for once more."""
+        decode = decode_options(options.get("language"), options.get("prompt"),
+                                options.get("temperature"), options.get("task"))
+        try:
+            return self.engine.open_stream(decode)
+        except NoFreeSlot:
+            if not self.loop.reclaim():
+                raise
+            return self.engine.open_stream(decode)
 
     def accepted(self) -> Event:
         return {"type": "accepted", "worker": self.worker_id, "lane": self.lane}
