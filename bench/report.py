@@ -544,15 +544,21 @@ def rounds_text(doc: dict[str, Any]) -> str:
     return f"{others} rounds, scenario 1 in {s1}" if s1_ran_longer(doc) else f"{total} rounds"
 
 
-def placement(o: dict[str, Any]) -> str:
+def placement(doc: dict[str, Any]) -> str:
     """Where the load clients and scenario 5's processes ran: pinned since
     ``s1_duration_s`` came in (in a results file from before it they float over every
-    CPU)."""
+    CPU); scenario 5's load clients with its workers since its stack records
+    ``load_cpus`` (before, not pinned)."""
+    o = doc["options"]
     if "s1_duration_s" not in o:
         return "the load clients and scenario 5's gateway and workers not pinned"
+    scale: dict[str, Any] = next(
+        (s for s in doc.get("stacks", []) if s["design"] == "sim-free"), {})
+    load = scale.get("load_cpus")
     return (f"the load clients of scenarios 1-3 on CPU {o['rt_cpus']}; for scenario 5 the "
             f"gateway, the floor and redis on CPU {o['rt_cpus']}, both workers on CPU "
-            f"{o['batch_cpus']} and the load clients not pinned")
+            f"{o['batch_cpus']} and the load clients "
+            + (f"on CPU {load} with them" if load else "not pinned"))
 
 
 def disagreement_rule(rule: Rule) -> str:
@@ -1047,7 +1053,7 @@ def markdown(doc: dict[str, Any], notes: str = "", results_dir: str = "bench/res
         f"{', '.join(str(n) for n in scale_loads(doc))} streams for the gateway. Batch "
         f"flood: {o['flood_jobs']} async uploads of {o['flood_job_s']:.0f} s each. Realtime "
         f"worker on CPU {o['rt_cpus']}, batch worker on CPU {o['batch_cpus']}; "
-        f"{placement(o)}. Engines: "
+        f"{placement(doc)}. Engines: "
         f"`{engine_of(o)}` for scenarios 1-3{live_speech(o)}, `simulated` for 4-5, named in "
         "every stack's `LANEGATE_ENGINE`.",
         "",

@@ -283,7 +283,7 @@ class Stack:
     def describe(self) -> dict[str, object]:
         """Exact commands, LANEGATE_* environment and the effective settings (defaults
         included) of every child, for the report."""
-        return {"design": self.plan.design,
+        return {"design": self.plan.design, "load_cpus": self.plan.load_cpus,
                 "processes": [{"name": c.name, "argv": [os.path.basename(a) if a ==
                                                         sys.executable else a
                                                         for a in c.argv],
