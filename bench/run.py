@@ -189,15 +189,16 @@ def free_plan(o: Options) -> StackPlan:
     gateway on the realtime CPUs with redis (``Stack.start_floor`` puts the floor there
     too): the gateway on a core of its own, as a gateway replica runs, so its CPU figure
     is its own work and not also its neighbours' cache misses and migrations. The load
-    clients on the batch CPUs with the workers: left free they shared the gateway's core
-    in some windows and not in others, and its CPU per stream-second moved with them."""
+    clients are not pinned: on the batch CPUs with the workers (tried on 7 December),
+    500 streams left the workers seconds behind, the direct window's streams got no
+    ``done``, and the protocol sessions after it timed out (docs/ARCHITECTURE.md)."""
     slots = max(o.scale_streams, default=0) // 2 + 32
     env = {**COMMON_ENV, "LANEGATE_ENGINE": "simulated", "LANEGATE_LANES": "split",
            "LANEGATE_SLOTS": str(slots), "LANEGATE_SIM_STEP_FIXED_MS": "0.0",
            "LANEGATE_SIM_PREFILL_FRAME_MS": "0.0", "LANEGATE_SIM_DECODE_SEQ_MS": "0.0"}
     return StackPlan("sim-free", env,
                      [WorkerPlan("realtime", o.batch_cpus), WorkerPlan("realtime", o.batch_cpus)],
-                     gateway_cpus=o.rt_cpus, redis_cpus=o.rt_cpus, load_cpus=o.batch_cpus)
+                     gateway_cpus=o.rt_cpus, redis_cpus=o.rt_cpus)
 
 
 Windows = dict[str, Any]  # one round's figures, by results key
