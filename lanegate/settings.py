@@ -311,7 +311,8 @@ class Settings:
         2.0, "How long the gateway holds audio for a worker link before sending it, so "
         "that many streams' frames leave in one message: fewer writes per stream for at "
         "most this much added latency (at 200 streams 2 ms took a median 14 % off the "
-        "gateway's CPU; docs/ARCHITECTURE.md). 0 sends what one event-loop tick queued.",
+        "gateway's CPU in one A/B and no clear share in others: bench/results/notes.md). "
+        "0 sends what one event-loop tick queued.",
         ge=0, le=50
     )
     worker_lost_timeout_s: float = _s(2.0, "A silent worker connection is lost after this.", gt=0)
