@@ -547,8 +547,9 @@ def rounds_text(doc: dict[str, Any]) -> str:
 def placement(doc: dict[str, Any]) -> str:
     """Where the load clients and scenario 5's processes ran: pinned since
     ``s1_duration_s`` came in (in a results file from before it they float over every
-    CPU); scenario 5's load clients with its workers since its stack records
-    ``load_cpus`` (before, not pinned)."""
+    CPU); scenario 5's load clients with its workers only where its stack records a
+    ``load_cpus`` (the run of 7 December that pinned them,
+    ``results-epyc-dec7-full-c-d5c20dc.json``); else not pinned."""
     o = doc["options"]
     if "s1_duration_s" not in o:
         return "the load clients and scenario 5's gateway and workers not pinned"
