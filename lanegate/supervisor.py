@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -74,22 +73,42 @@ STABLE_AFTER_S = 60.0
 POLL_S = 0.2
 #: the banner's one read of the gateway's /status.json
 STATUS_TIMEOUT_S = 5.0
-_PR_SET_PDEATHSIG = 1
 
 
 class StartError(RuntimeError):
     """A child could not be started or died during start."""
 
 
-def _own_group(die_with_parent: bool) -> None:
-    """In the child, before exec: its own process group; and SIGTERM if the parent
-    dies, for children that no ``DeathWatch`` stops in order."""
-    os.setpgrp()
-    if not die_with_parent:
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+#: What a child runs before its own program when it must die with its parent or keep
+#: to some CPUs: a bare interpreter (``-I``: no site, no environment) that sets both
+#: and then execs the program, keeping its pid. Not a ``preexec_fn``: Python code
+#: between fork and exec in a process with threads can deadlock (the stdlib says so),
+#: and did: the forked copy of a test process that had decoded audio on a thread froze
+#: destroying that thread's PyAV state, whose lock an absent thread held.
+EXEC_HELPER = """
+import ctypes, os, signal, sys
+parent, cpus, death = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+if cpus:
+    os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+if death:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        sys.exit(1)  # the parent died before the signal was asked for
+os.execvp(sys.argv[4], sys.argv[4:])
+"""
+
+
+def child_argv(argv: list[str], *, cpus: frozenset[int] | None, die_with_parent: bool,
+               parent: int) -> list[str]:
+    """``argv`` as started: through ``EXEC_HELPER`` when it sets something."""
+    if not cpus and not die_with_parent:
+        return argv
+    listed = ",".join(str(c) for c in sorted(cpus or ()))
+    return [sys.executable, "-I", "-c", EXEC_HELPER, str(parent), listed,
+            "1" if die_with_parent else "0", *argv]
 
 
 @dataclass
@@ -115,19 +134,17 @@ class Child:
     die_with_parent: bool = True
 
     def start(self) -> None:
+        """Start the child in its own process group (``process_group=0``: set by the
+        fork itself), dying with this process unless a ``DeathWatch`` stops it
+        (``die_with_parent``), on ``cpus`` if given (``child_argv``)."""
         cpus = self.cpus
-        die_with_parent = self.die_with_parent
-
-        def preexec() -> None:
-            _own_group(die_with_parent)
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-
+        argv = child_argv(self.argv, cpus=cpus, die_with_parent=self.die_with_parent,
+                          parent=os.getpid())
         with contextlib.ExitStack() as files:
             out = files.enter_context(self.log.open("ab")) if self.log else None
-            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=out,
+            self.proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd, stdout=out,
                                          stderr=subprocess.STDOUT if out else None,
-                                         preexec_fn=preexec)
+                                         process_group=0)
         self.started_at = time.monotonic()
         self.restart_at = None
         log.info("child_start", child=self.name, pid=self.proc.pid,

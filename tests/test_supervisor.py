@@ -93,6 +93,75 @@ def test_stop_is_ordered_and_kills_a_child_that_ignores_sigterm(tmp_path: Path) 
     assert deaf.exit_code() == -signal.SIGKILL
 
 
+def test_a_child_starts_while_another_thread_holds_what_its_state_needs() -> None:
+    """Nothing of this process runs in the child between fork and exec: a forked copy
+    that ran Python there destroyed the other threads' state first and froze on a lock
+    that a thread, absent in the copy, held (the stdlib's warning on ``preexec_fn``;
+    seen with a test process's PyAV state from decoding on a thread)."""
+    held = threading.Lock()
+    held.acquire()  # locked at the fork, so locked for good in the forked copy
+
+    class NeedsTheLock:
+        def __del__(self) -> None:
+            with held:
+                pass
+
+    local = threading.local()
+    go_on = threading.Event()
+
+    def keep() -> None:
+        local.value = NeedsTheLock()
+        go_on.wait()
+
+    thread = threading.Thread(target=keep)
+    thread.start()
+    child = py_child("plain", "import time; time.sleep(0.1)", cpus=frozenset({0}))
+    try:
+        child.start()
+        assert child.proc is not None
+        assert child.proc.wait(timeout=30) == 0, "the child ran and exited"
+    finally:
+        if child.proc is not None and child.proc.poll() is None:
+            child.proc.kill()
+        held.release()
+        go_on.set()
+        thread.join()
+
+
+def test_a_child_keeps_its_pid_cpus_and_group_and_dies_with_its_parent(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    parent = subprocess.Popen([PY, "-c", (
+        "import os, sys, time\n"
+        "from lanegate.supervisor import Child\n"
+        "c = Child('sleeper', [sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " dict(os.environ), cpus=frozenset({0}))\n"
+        "c.start()\n"
+        f"open({str(pids)!r}, 'w').write(str(c.proc.pid))\n"
+        "time.sleep(60)\n")])
+    try:
+        deadline = time.monotonic() + 30
+        while not pids.exists() or not pids.read_text():
+            assert time.monotonic() < deadline
+            assert parent.poll() is None
+            time.sleep(0.05)
+        pid = int(pids.read_text())
+        deadline = time.monotonic() + 10
+        while b"execvp" in Path(f"/proc/{pid}/cmdline").read_bytes():  # still the helper
+            assert time.monotonic() < deadline, "the pid Popen gave runs the program itself"
+            time.sleep(0.02)
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert "Cpus_allowed_list:\t0\n" in status
+        assert os.getpgid(pid) == pid, "its own process group"
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and "State:\tZ" not in Path(
+            f"/proc/{pid}/status").read_text():
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.05)
+
+
 def test_cpu_split_is_disjoint_and_covers_the_machine() -> None:
     realtime, batch = cpu_split(Settings())
     cpus = os.sched_getaffinity(0)
