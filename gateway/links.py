@@ -10,7 +10,7 @@ in one text message, and one ping loop covers every session.
 
 ``app[LINKS].get(worker)`` returns the worker's ``WorkerLink``, connecting on first
 use (concurrent first uses share one attempt). ``link.open(...)`` gives a
-``Channel``: the session's number on the link and a queue of the worker's events for
+``Channel``: the session's number on the link and an Inbox of the worker's events for
 it. A link that fails (closed, errored, or silent for ``silence_limit_s``) is lost:
 each open channel gets a ``Lost`` marker and the next ``get`` connects afresh.
 """
@@ -24,7 +24,7 @@ import struct
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 from aiohttp import WSCloseCode, web
@@ -73,14 +73,55 @@ class Lost:
     reason: str
 
 
+class Inbox:
+    """A channel's events, read by one task at a time (the session opening, then its
+    relay): ``asyncio.Queue``'s ``get``/``put_nowait``/``qsize`` without its bound, its
+    task counting and its list of readers, since at hundreds of streams every event
+    passes through one. The link bounds it (``max_channel_events``, ``_deliver``)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[dict[str, Any] | Lost] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def put_nowait(self, item: dict[str, Any] | Lost) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def get_nowait(self) -> dict[str, Any] | Lost:
+        """The oldest event; ``IndexError`` when there is none."""
+        return self._items.popleft()
+
+    async def get(self) -> dict[str, Any] | Lost:
+        while not self._items:
+            if self._waiter is not None:
+                raise RuntimeError("an Inbox has one reader at a time")
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        return self._items.popleft()
+
+
 class Channel:
     """One session's end of a link."""
+
+    __slots__ = ("ended", "events", "link", "number")
 
     def __init__(self, link: WorkerLink, number: int) -> None:
         self.link = link
         self.number = number
-        # bounded; the one slot over the bound is for the error that ends an overrun channel
-        self.events: asyncio.Queue[dict[str, Any] | Lost] = asyncio.Queue(link.max_events + 1)
+        self.events = Inbox()
         self.ended = False  # the worker ended it (done/error/closed) or the link is lost
 
     def queue_audio(self, pcm: bytes) -> bool:
@@ -124,9 +165,13 @@ class WorkerLink:
         self._on_lost = on_lost
         self._next_number = 0
         # control ops, and between them the audio records that go out as one message
-        self._pending: deque[bytearray | str] = deque()
+        # (a message's audio records as parts, joined when it is sent: one copy)
+        self._pending: deque[list[bytes] | str] = deque()
         self._pending_audio = 0  # bytes of audio records in _pending
-        self._wake = asyncio.Event()
+        self._tail_bytes = 0  # bytes in _pending[-1], while that is audio
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()  # set ``linger_s`` after the first of a message's items
+        self._armed = False  # the wake is set or due: the sender takes what is queued
         self._room = asyncio.Event()  # set while _pending_audio is under LINK_BATCH_BYTES
         self._room.set()
         self._tasks = [asyncio.create_task(loop(), name=f"link-{name}-{worker_id}")
@@ -182,45 +227,62 @@ class WorkerLink:
         if self._pending_audio >= LINK_BATCH_BYTES:
             return False
         pending = self._pending
-        if not pending or isinstance(pending[-1], str) or len(pending[-1]) >= LINK_BATCH_BYTES:
-            pending.append(bytearray())
-        records = pending[-1]
-        assert isinstance(records, bytearray)
-        records += RECORD.pack(number, len(pcm))
-        records += pcm  # the one copy of the audio here: aiohttp masks a copy of its own
-        self._pending_audio += RECORD.size + len(pcm)
-        self._wake.set()
+        records = pending[-1] if pending else None
+        if not isinstance(records, list) or self._tail_bytes >= LINK_BATCH_BYTES:
+            records = []
+            pending.append(records)
+            self._tail_bytes = 0
+        records.append(RECORD.pack(number, len(pcm)))
+        records.append(pcm)  # copied once, when the message is joined
+        size = RECORD.size + len(pcm)
+        self._tail_bytes += size
+        self._pending_audio += size
+        if not self._armed:
+            self._arm()
         return True
 
     def send_op(self, op: dict[str, Any]) -> None:
         if self.lost is None:
             self._pending.append(json.dumps(op, separators=(",", ":")))
+            if not self._armed:
+                self._arm()
+
+    def _arm(self) -> None:
+        """Wake the sender ``linger_s`` from now (let more streams' frames join this
+        message), or in this tick: one timer per message, not a sleep per wake."""
+        self._armed = True
+        if self.linger_s:
+            self._loop.call_later(self.linger_s, self._wake.set)
+        else:
             self._wake.set()
 
     async def _send_loop(self) -> None:
         try:
             while True:
                 await self._wake.wait()
-                if self.linger_s:  # let more streams' frames join this message
-                    await asyncio.sleep(self.linger_s)
                 self._wake.clear()
+                self._armed = False  # what is queued from now on arms the next message
                 while self._pending:
                     message = self._next_message()
                     if isinstance(message, str):
                         await self._ws.send_str(message)
-                    else:  # aiohttp takes a bytearray (its annotation says bytes)
-                        await self._ws.send_bytes(cast(bytes, message))
+                    else:
+                        await self._ws.send_bytes(message)
         except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
             await self._fail(f"sending failed: {exc or type(exc).__name__}")
 
-    def _next_message(self) -> bytearray | str:
+    def _next_message(self) -> bytes | str:
         """The next op, or the audio records up to the next op (about LINK_BATCH_BYTES)."""
         message = self._pending.popleft()
-        if isinstance(message, bytearray):
-            self._pending_audio -= len(message)
-            if self._pending_audio < LINK_BATCH_BYTES:
-                self._room.set()
-        return message
+        if isinstance(message, str):
+            return message
+        if not self._pending:
+            self._tail_bytes = 0
+        data = b"".join(message)
+        self._pending_audio -= len(data)
+        if self._pending_audio < LINK_BATCH_BYTES:
+            self._room.set()
+        return data
 
     async def _watch_loop(self) -> None:
         """Ping the worker, and lose the link once it has sent nothing (not even a pong)

@@ -147,7 +147,7 @@ class Timeline:
 
     def add(self, nbytes: int, now: float) -> None:
         self.audio_bytes += nbytes
-        self._entries.append((self.audio_ms, now))
+        self._entries.append((self.audio_bytes / self._bytes_per_ms, now))
         if self.first_arrival is None:
             self.first_arrival = now
         self.last_arrival = now
@@ -265,6 +265,9 @@ class Relay:
         self.settings = settings
         self.lane = worker.lane
         self.timeline = Timeline(sample_rate)
+        # the per-frame limits in bytes (``_take_audio`` runs for every frame)
+        self._max_frame_bytes = settings.max_frame_bytes
+        self._max_session_bytes = settings.max_session_s * sample_rate * SAMPLE_WIDTH
         self.started = started
         self.log = get_logger("gateway.stream").bind(session_id=session_id, lane=self.lane,
                                                      worker=worker.worker_id)
@@ -368,7 +371,11 @@ class Relay:
     # --- the seams a relay for another public protocol overrides (gateway/realtime_api.py)
     async def on_binary(self, data: bytes) -> Failure | None:
         """A binary frame from the client: PCM for the worker."""
-        return await self._on_audio(data)
+        taken = self._take_audio(data)  # _on_audio, without a coroutine more per frame
+        if taken is False:
+            await self._send_waiting(data)
+            return None
+        return None if taken is True else taken
 
     async def on_text(self, data: str) -> Failure | None:
         """A text frame from the client: a control message."""
@@ -542,24 +549,12 @@ class Relay:
         waiting (no coroutine per layer for every frame): the ``Failure`` that ends the
         stream, True once it is handled, False when the link's batch is full (then
         ``_send_waiting`` sends it)."""
-        settings = self.settings
-        if self.ended:
-            if self.client.shutting_down:
-                return True  # the gateway is draining this session; drop late audio
-            return Failure("bad_request", "audio after {\"type\":\"end\"}")
-        if len(data) > settings.max_frame_bytes:
-            return Failure("too_large", f"frame of {len(data)} bytes is over max_frame_bytes "
-                           f"({settings.max_frame_bytes})")
-        if len(data) % SAMPLE_WIDTH:
-            return Failure("bad_request", f"odd byte count {len(data)}: audio must be "
-                           "PCM s16le, 2 bytes per sample")
-        if not data:
-            return True
-        frame_ms = self.timeline.ms_of(len(data))
-        if self.timeline.audio_ms + frame_ms > settings.max_session_s * 1000.0:
-            return Failure("timeout", f"session audio over max_session_s "
-                           f"({settings.max_session_s:g} s)", graceful=True)
-        self.timeline.add(len(data), time.monotonic())
+        size = len(data)
+        timeline = self.timeline
+        if (self.ended or size > self._max_frame_bytes or size % SAMPLE_WIDTH or not size
+                or timeline.audio_bytes + size > self._max_session_bytes):
+            return self._refuse_audio(size)
+        timeline.add(size, time.monotonic())
         if self.replay is not None:
             self.replay.append(data)
         if self.switching:
@@ -571,6 +566,25 @@ class Relay:
         except WorkerLost:
             self._lost_audio()
             return True
+
+    def _refuse_audio(self, size: int) -> Failure | bool:
+        """``_take_audio`` for a frame that is not simply taken: the ``Failure`` that
+        ends the stream, or True for one dropped (late in a drain, or empty)."""
+        settings = self.settings
+        if self.ended:
+            if self.client.shutting_down:
+                return True  # the gateway is draining this session; drop late audio
+            return Failure("bad_request", "audio after {\"type\":\"end\"}")
+        if size > settings.max_frame_bytes:
+            return Failure("too_large", f"frame of {size} bytes is over max_frame_bytes "
+                           f"({settings.max_frame_bytes})")
+        if size % SAMPLE_WIDTH:
+            return Failure("bad_request", f"odd byte count {size}: audio must be "
+                           "PCM s16le, 2 bytes per sample")
+        if not size:
+            return True
+        return Failure("timeout", f"session audio over max_session_s "
+                       f"({settings.max_session_s:g} s)", graceful=True)
 
     async def _send_waiting(self, data: bytes) -> None:
         try:

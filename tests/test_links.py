@@ -20,6 +20,8 @@ from stack import Stack, start_stack
 from test_gateway_stream import EVENT_WAIT_S, FRAME_MS, collect, get, metric_value, stream_url
 from wsrun import Run
 
+from gateway.links import Inbox
+
 SLOTS = 8
 STREAMS = 6
 #: the gateway's default worker_lost_timeout_s
@@ -149,3 +151,27 @@ async def test_a_dead_worker_gives_every_stream_on_its_link_worker_lost(
     await asyncio.wait_for(receiver, EVENT_WAIT_S)
     assert run.events[-1] == {"type": "done"}, run.events
     assert links(stack) == 1, "the next session opened a new link"
+
+
+async def test_a_channel_inbox_keeps_order_and_survives_a_reader_that_timed_out() -> None:
+    """A session's opening waits for the worker's answer with a timeout, then its relay
+    reads the same inbox: a read given up leaves no stale reader behind, and events put
+    while nobody reads come out in order."""
+    inbox = Inbox()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await inbox.get()
+    reader = asyncio.create_task(inbox.get())
+    await asyncio.sleep(0)
+    inbox.put_nowait({"type": "accepted"})
+    assert await asyncio.wait_for(reader, 1) == {"type": "accepted"}
+    for n in range(3):
+        inbox.put_nowait({"type": "partial", "segment": n})
+    assert inbox.qsize() == 3
+    assert [await inbox.get() for _ in range(3)] == [
+        {"type": "partial", "segment": n} for n in range(3)]
+    first = asyncio.create_task(inbox.get())
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="one reader"):
+        await inbox.get()
+    first.cancel()
