@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -138,6 +140,11 @@ class Child:
         fork itself), dying with this process unless a ``DeathWatch`` stops it
         (``die_with_parent``), on ``cpus`` if given (``child_argv``)."""
         cpus = self.cpus
+        program = self.argv[0]
+        if "/" not in program and shutil.which(program, path=self.env.get("PATH",
+                                                                          os.defpath)) is None:
+            # what Popen raises for it: through the helper it would be the child's exit
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
         argv = child_argv(self.argv, cpus=cpus, die_with_parent=self.die_with_parent,
                           parent=os.getpid())
         with contextlib.ExitStack() as files:

@@ -27,7 +27,7 @@ from conftest import free_port
 from phrases import SENTENCE_RECALL, TRAFFIC, recall
 
 from lanegate.settings import Appendfsync, Settings, SettingsError
-from lanegate.supervisor import Child, Supervisor, build_children, cpu_split
+from lanegate.supervisor import Child, StartError, Supervisor, build_children, cpu_split
 
 PY = sys.executable
 ONE = TRAFFIC
@@ -160,6 +160,13 @@ def test_a_child_keeps_its_pid_cpus_and_group_and_dies_with_its_parent(tmp_path:
             f"/proc/{pid}/status").read_text():
         assert time.monotonic() < deadline, "the child outlived its parent"
         time.sleep(0.05)
+
+
+def test_a_missing_program_is_a_start_error_that_names_it() -> None:
+    ghost = Child("ghost", ["lanegate-no-such-program"], dict(os.environ))
+    supervisor = Supervisor([ghost], ready=lambda: True)
+    with pytest.raises(StartError, match=r"cannot start ghost: .*lanegate-no-such-program"):
+        supervisor.start_all()
 
 
 def test_cpu_split_is_disjoint_and_covers_the_machine() -> None:
