@@ -276,8 +276,6 @@ class WorkerLink:
         message = self._pending.popleft()
         if isinstance(message, str):
             return message
-        if not self._pending:
-            self._tail_bytes = 0
         data = b"".join(message)
         self._pending_audio -= len(data)
         if self._pending_audio < LINK_BATCH_BYTES:

@@ -147,7 +147,7 @@ class Timeline:
 
     def add(self, nbytes: int, now: float) -> None:
         self.audio_bytes += nbytes
-        self._entries.append((self.audio_bytes / self._bytes_per_ms, now))
+        self._entries.append((self.audio_ms, now))
         if self.first_arrival is None:
             self.first_arrival = now
         self.last_arrival = now

@@ -97,10 +97,8 @@ class WorkerSession:
     def queue_audio(self, pcm: bytes) -> bool:
         """``send_audio`` without waiting: False when the link's batch is full and the
         caller must ``await send_audio`` (the relay's path for every frame)."""
-        channel = self._channel
-        if self._closed or channel.ended:
-            self._check_open()  # raises
-        return channel.link.queue_audio(channel.number, pcm)
+        self._check_open()
+        return self._channel.queue_audio(pcm)
 
     async def end(self) -> None:
         """Tell the worker no more audio comes; it answers its last finals and ``done``."""
