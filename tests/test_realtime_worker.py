@@ -21,6 +21,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from conftest import RedisServer, read_pcm
 from phrases import SENTENCE_RECALL, TALKING, TRAFFIC, recall
+from prometheus_client import REGISTRY
 from wsrun import Run
 
 from engines import Engine
@@ -625,6 +626,37 @@ async def test_a_client_sending_too_fast_is_refused_alone(
         assert run.events[-1] == {"type": "done"}, "the other session goes on"
         assert run.close_code == 1000
         await slots_back(w)
+    finally:
+        await w.stop()
+
+
+async def test_a_client_that_leaves_after_end_is_not_decoded_for_no_one(
+    redis_client: aioredis.Redis, speech: Callable[..., Path],
+) -> None:
+    # a client that ended its audio and left before its finals (it gave up waiting): the
+    # worker drops the session at once, not after decoding its backlog for no one while
+    # it holds a slot and the step loop (seen when 500 streams swamped two workers: new
+    # sessions waited minutes behind the abandoned ones)
+    sim = Settings(engine="simulated", sim_prefill_frame_ms=1.0)  # 10 x real time
+    w = await start_worker(redis_client, SimulatedEngine(sim, slots=2))
+    labels = {"lane": "realtime", "worker": "rt-test"}
+
+    def decoded() -> float:
+        return REGISTRY.get_sample_value("lanegate_audio_seconds_total", labels) or 0.0
+
+    try:
+        before = decoded()
+        async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(w, "left")) as ws:
+            assert (await ws.receive_json(timeout=5))["type"] == "accepted"
+            pcm, _ = read_pcm(speech(ONE))
+            audio = pcm * (60 * 32000 // len(pcm) + 1)  # 60 s of speech: 6 s of decoding
+            for off in range(0, len(audio), 3200):
+                await ws.send_bytes(audio[off:off + 3200])
+            await ws.send_str(json.dumps({"type": "end"}))
+        await slots_back(w)
+        assert decoded() - before < 30, "the backlog of a client that left is dropped"
+        run = await stream(ws_url(w, "next"), bytes(32000), 16000, pace_s=0.0)
+        assert run.events[-1] == {"type": "done"}, "the next session is served"
     finally:
         await w.stop()
 

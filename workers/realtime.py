@@ -350,7 +350,10 @@ class RealtimeWorker:
         try:
             await self._receive(ws, handle)
         finally:
-            if not handle.session.ended:
+            # the client is gone: a session it ended but that is not finished yet is
+            # abandoned too, or the worker would decode its backlog for no one, holding
+            # a slot and the step loop while new sessions wait
+            if self.loop.sessions.get(handle.session.session_id) is handle:
                 self.abandon(handle)
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
