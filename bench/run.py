@@ -426,15 +426,16 @@ class Bench:
         async with self.stack(free_plan(self.o)) as stack:
             floor = await stack.start_floor()
             self.record(stack)
-            measured = not self.o.protocol_sessions
-            for n in sorted(self.o.scale_streams):
-                if not measured and n > self.o.scale_target_streams:
-                    await self.protocols(stack, w)  # before a load past the target
-                    measured = True
+            loads = sorted(self.o.scale_streams)
+            target = self.o.scale_target_streams
+            for n in [n for n in loads if n <= target]:
                 await self.gateway_vs_direct(stack, w, n, count)
                 await self.floor(stack, floor, w, n)
-            if not measured:
+            if self.o.protocol_sessions:
                 await self.protocols(stack, w)
+            for n in [n for n in loads if n > target]:
+                await self.gateway_vs_direct(stack, w, n, count)
+                await self.floor(stack, floor, w, n)
 
     async def protocols(self, stack: Stack, w: Windows) -> None:
         """Each protocol adapter's latency over ``/v1/stream``, in the same stack."""
